@@ -136,7 +136,10 @@ presets = {
                  phase2_steps=4, val_every=2, val_k=4, dtype="float32", save_every=2, log_samples=1),
     # SmolLM2-135M-Instruct (shipped on PyPI as GGUF) on built-in arithmetic: the real thing on a laptop CPU.
     "cpu": dict(model_path="builtin:smollm2", train_file="builtin:arith:train", val_file="builtin:arith:val",
-                out_dir="runs/cpu", dtype="float32"),
+                out_dir="runs/cpu", prompts_per_step=8, n=8, max_prompt_len=160, max_response_len=48,
+                overlong_buffer=16, lr=1e-5, warmup_steps=0, mini_batch_prompts=8, micro_batch_size=16,
+                phase1_steps=8, collect_step=8, collect_k=16, phase2_steps=8, val_every=2, val_k=4,
+                gradient_checkpointing=False, save_every=4, log_samples=2),
 }
 
 
@@ -262,6 +265,8 @@ def normalize_row(raw: dict, where: str) -> dict:
             raise ValueError(f"{where}: responses/candidates must be a list of strings")
         row["responses"] = list(responses)
     row["id"] = str(raw.get("id") or hashlib.sha1(row["problem"].encode()).hexdigest()[:12])
+    if raw.get("data_source"):  # eval.py scores each source of a mixed file (AIME-24/25, AMC-23) apart
+        row["data_source"] = str(raw["data_source"])
     return row
 
 
@@ -328,6 +333,18 @@ def builtin_rows(name: str) -> list[dict]:
         rows = [{"id": f"tiny-{p}", "problem": p, "answer": str(x)} for p, x in sums + differences]
         np.random.default_rng(0).shuffle(rows)
         splits = {"val": rows[:30], "train": rows[30:]}
+    elif task == "arith":  # 2-digit sums and 1-digit x 2-digit products: SmolLM2 starts at about 25 %
+        rng, problems = np.random.default_rng(0), {}
+        while len(problems) < 128:
+            a, b = (rng.integers(10, 100), rng.integers(10, 100)) if rng.random() < 0.5 else (rng.integers(2, 10),
+                                                                                              rng.integers(11, 100))
+            problems[f"{a} + {b}" if a >= 10 else f"{a} * {b}"] = a + b if a >= 10 else a * b
+        shots = [m for question, answer in (("17 + 25", 42), ("6 * 13", 78))  # two worked examples as chat turns
+                 for m in ({"role": "user", "content": f"What is {question}?"},
+                           {"role": "assistant", "content": f"{question} = {answer}.\nAnswer: {answer}"})]
+        rows = [{"id": f"arith-{i}", "problem": f"What is {q}?", "answer": str(x),
+                 "prompt": shots + [{"role": "user", "content": f"What is {q}?"}]} for i, (q, x) in enumerate(problems.items())]
+        splits = {"train": rows[:64], "val": rows[64:]}
     else:
         splits = {}
     if split not in splits:
@@ -596,8 +613,8 @@ def ppo_update(policy, optimizer, samples: list[Sample], sequences_per_update: i
                pad_id: int, rng: np.random.Generator) -> dict:
     """One training step: old log-probs from the policy at the start of the step (replays included), then
     `epochs` passes of clipped updates over shuffled mini-batches of `sequences_per_update` sequences."""
-    autocast = (torch.autocast("cuda", dtype=getattr(torch, cfg.dtype), cache_enabled=False)  # cache: 13 GiB
-                if d.device.type == "cuda" else nullcontext())
+    autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype), enabled=cfg.dtype != "float32",
+                              cache_enabled=False)  # a cache of bf16 weight copies would cost 13 GiB for 7B
     num_updates = max(1, round(all_reduce_sum(len(samples), d) / sequences_per_update))
     stats = {"grad_norm": [], "skipped_updates": 0, "clip_frac": [], "dual_clip_frac": [], "ratio_mean": []}
     for _ in range(cfg.epochs):
@@ -745,9 +762,11 @@ def validate(llm, tokenizer, val_rows, cfg, stop_ids, d, step) -> float:
     return float(np.mean([c for r in records for c in r["correct"]]))
 
 
-def append_jsonl(path: str, rows: list[dict]):
+def append_jsonl(path: str, rows: list):
     with open(path, "a") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, base_path: str, d: Dist,
@@ -941,6 +960,9 @@ def run(cfg: Config, d: Dist):
         # RLEP: phase two restarts from the base model, on the pool's prompts
         train(cfg, "phase2", pool_rows, llm, tokenizer, stop_ids, model_path, d, val_rows, replay=True)  # RLEP
     llm.llm_engine.engine_core.shutdown()  # before the process group goes: vLLM tears down its own groups
+    if cfg.phase == "all" and cfg.val_every and d.master_process:  # the paper's comparison, for this run
+        from eval import compare_phases
+        print(compare_phases([cfg.out_dir], os.path.join(cfg.out_dir, "compare.png")))
 
 
 def main(argv=None):

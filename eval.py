@@ -1,0 +1,300 @@
+"""
+eval.py: avg@k and pass@k of a checkpoint, or of every checkpoint of a run, on math benchmarks (AIME-2024,
+AIME-2025, AMC-2023, MATH-500: any JSONL or parquet file in the DAPO schema or with {"problem", "answer"} rows).
+
+The protocol is the paper's (RLEP_SPEC.md section 4): k = 32 samples per problem at temperature 1.0 and
+top-p 1.0, up to 3072 new tokens, the training prompt template and stop tokens, graded by verify.py.
+avg@k is the mean accuracy over all (problem, sample) pairs; pass@k is the unbiased estimate of solving a
+problem with at least one of k samples. Duplicated rows (DAPO's AIME file repeats each problem 32x) count once.
+Outputs, in --out_dir (a subfolder per checkpoint when there are several): samples.jsonl, results.json, and
+curve.csv (+ curve.png with matplotlib) of avg@k against training step. Re-running skips finished problems.
+    python eval.py --model runs/paper/phase2/step_000320 --data aime-2024.parquet --data aime-2025.parquet
+    torchrun --standalone --nproc_per_node=8 eval.py --run_dir runs/paper --data aime-2024.parquet
+    python eval.py --compare runs/seed1 runs/seed2      # baseline vs RLEP validation curves of finished runs
+"""
+import rlep  # first: it sets vLLM's environment before torch is imported
+
+import argparse
+import csv
+import glob
+import json
+import math
+import os
+import re
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import AutoConfig, AutoTokenizer
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Metrics
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021).
+    The ratio is prod_{i=n-c+1}^{n} (1 - k/i): no huge binomials, and 0 when n - c < k (the factor i = k)."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def summarize(records: list[dict], ks: list[int] = None) -> dict:
+    """Benchmark metrics from samples.jsonl records: avg@n over all (problem, sample) pairs, mean pass@k over
+    problems, mean response length in tokens (stop token included) and the share with no extractable answer."""
+    n = min(len(r["correct"]) for r in records)
+    verdicts = [c for r in records for c in r["correct"]]
+    metrics = {"problems": len(records), "samples_per_problem": n, f"avg@{n}": float(np.mean(verdicts))}
+    for k in ks or [2 ** i for i in range(int(math.log2(n)) + 1)]:  # 1, 2, 4, ..., n
+        metrics[f"pass@{k}"] = float(np.mean([pass_at_k(len(r["correct"]), sum(r["correct"]), k) for r in records]))
+    metrics["mean_length"] = float(np.mean([length for r in records for length in r["lengths"]]))
+    metrics["no_answer"] = float(np.mean([a is None for r in records for a in r["answers"]]))
+    return metrics
+
+
+def format_table(results: dict) -> str:
+    """A markdown table, one row per benchmark; accuracies in percent."""
+    metric_names = [m for m in next(iter(results.values())) if m.startswith(("avg@", "pass@"))]
+    lines = ["| benchmark | problems | " + " | ".join(metric_names) + " | mean length | no answer |",
+             "|---" * (len(metric_names) + 4) + "|"]
+    for name, m in results.items():
+        cells = [name, str(m["problems"])] + [f"{100 * m[k]:.1f}" for k in metric_names]
+        lines.append("| " + " | ".join(cells + [f"{m['mean_length']:.1f}", f"{100 * m['no_answer']:.1f}%"]) + " |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sampling, chunk by chunk, appended to samples.jsonl so that a stopped evaluation resumes
+
+def load_benchmarks(paths: list[str]) -> dict[str, list[dict]]:
+    """{benchmark name (the file name without extension): de-duplicated rows}, read before any engine starts."""
+    benchmarks = {}
+    for path in paths:
+        rows = rlep.read_rows(path)
+        stem = os.path.basename(path).split(".")[0]
+        sources = list(dict.fromkeys(row.get("data_source") for row in rows))
+        for source in sources:  # a file of several data sources (RLEP's AIME-24 + AIME-25 + AMC-23) is split
+            name = stem if len(sources) == 1 else f"{stem}/{source}"
+            if name in benchmarks:
+                raise ValueError(f"{path}: another data file is also called {name!r}; rename one of them")
+            benchmarks[name] = [row for row in rows if row.get("data_source") == source]
+    return benchmarks
+
+
+def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
+    """The engine and sampling settings, with new tokens clamped so prompt + response fit the model's context
+    (Qwen2.5-Math-7B: 1024 + 3072 = 4096, the paper's). A context shorter than twice the prompt budget is halved."""
+    context = AutoConfig.from_pretrained(model_dir).max_position_embeddings
+    prompt_len = min(args.max_prompt_len, context // 2)
+    new_tokens = min(args.max_new_tokens, context - prompt_len)
+    dtype = args.dtype or ("bfloat16" if d.device.type == "cuda" else "float32")
+    return rlep.Config(model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
+                       max_prompt_len=prompt_len, max_response_len=new_tokens,
+                       prompt_template=args.prompt_template, verify_mode=args.verify_mode, seed=args.seed,
+                       dtype=dtype, gpu_memory_utilization=args.gpu_memory_utilization)
+
+
+def read_samples(path: str) -> dict[tuple, dict]:
+    """Finished problems by (benchmark, id); the torn last line of a killed run is dropped."""
+    records = []
+    for line in open(path) if os.path.isfile(path) else []:
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return {(r["benchmark"], r["id"]): r for r in records}
+
+
+def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str, llm=None) -> tuple:
+    """Sample args.k responses per unfinished problem, append them to samples.jsonl, write results.json.
+    Returns the results and the engine: built on first need, then reused, loading each model's weights."""
+    cfg = make_config(args, model_dir, d)
+    settings = {"model": os.path.abspath(model_dir), "k": args.k, "temperature": cfg.temperature, "top_p": cfg.top_p,
+                "max_new_tokens": cfg.max_response_len, "max_prompt_len": cfg.max_prompt_len, "seed": cfg.seed,
+                "prompt_template": cfg.prompt_template, "verify_mode": cfg.verify_mode}
+    samples_path, settings_path = os.path.join(out_dir, "samples.jsonl"), os.path.join(out_dir, "settings.json")
+    old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
+    changed = sorted(key for key in settings if old.get(key) != settings[key])
+    if changed:
+        raise ValueError(f"{out_dir}: samples made with other settings ({', '.join(changed)}); use another --out_dir")
+    done = read_samples(samples_path)
+    rlep.barrier(d)  # every rank has read the file before rank 0 rewrites it
+    if d.master_process:
+        os.makedirs(out_dir, exist_ok=True)
+        rlep.write_atomic(settings_path, json.dumps(settings, indent=2))
+        rlep.write_atomic(samples_path, "".join(json.dumps(r) + "\n" for r in done.values()))  # no torn line
+    todo = {name: [row for row in rows if (name, row["id"]) not in done] for name, rows in benchmarks.items()}
+    if any(todo.values()):
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        stop_ids = rlep.stop_token_ids(tokenizer, model_dir)
+        if llm is None:
+            llm = rlep.build_engine(cfg, model_dir, d)
+        else:  # one engine per process: tearing one down closes the process group that torchrun's ranks share
+            llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
+            llm.reset_prefix_cache()  # the cached prompt KV came from the previous weights
+    for name, rows in todo.items():
+        chunks = range(0, len(rows), args.chunk_problems)
+        for start in tqdm(chunks, desc=f"{name} ({len(rows)} to sample)", disable=not d.master_process or not rows):
+            # the seed depends on the row only: a resumed run samples what the uninterrupted run would have
+            records = rlep.sample_and_grade(llm, tokenizer, rows[start:start + args.chunk_problems], args.k, cfg,
+                                            stop_ids, d, (cfg.seed, "eval"))
+            records = [{"benchmark": name, **r} for r in records]
+            if d.master_process:
+                rlep.append_jsonl(samples_path, records)  # a kill now loses nothing sampled so far
+            done.update(((name, r["id"]), r) for r in records)
+    results = {name: summarize([done[(name, row["id"])] for row in rows]) for name, rows in benchmarks.items()}
+    if d.master_process:
+        rlep.write_atomic(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
+    return results, llm
+
+
+def architecture(model_dir: str) -> list:
+    config = AutoConfig.from_pretrained(model_dir)
+    return [getattr(config, key, None) for key in ("architectures", "vocab_size", "hidden_size", "num_hidden_layers",
+                                                    "intermediate_size", "max_position_embeddings")]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Curves: avg@k of a run's checkpoints against training step, and baseline vs RLEP validation curves
+
+def checkpoint_step(model_dir: str) -> int | None:
+    match = re.fullmatch(r"step_(\d+)", os.path.basename(os.path.normpath(model_dir)))
+    return int(match.group(1)) if match else None
+
+
+def run_checkpoints(run_dir: str) -> list[str]:
+    """Every finished checkpoint of an rlep.py run (a crashed save leaves a .tmp folder, which is skipped)."""
+    found = [p for p in glob.glob(os.path.join(run_dir, "phase*", "step_*")) if checkpoint_step(p) is not None]
+    if not found:
+        raise ValueError(f"{run_dir}: no checkpoints (phase*/step_NNNNNN folders)")
+    return sorted(found, key=lambda p: (os.path.dirname(p), checkpoint_step(p)))
+
+
+def save_plot(path: str, panels: dict, ylabel: str) -> str:
+    """panels: {title: [(label, steps, values, linestyle, colour index)]}, one subplot each. Returns a note."""
+    try:
+        import matplotlib.pyplot as plt  # picks a file-only backend on machines without a display
+    except ImportError:
+        return f"no plot ({path}): matplotlib is not installed"
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False, layout="constrained")
+    for ax, (title, lines) in zip(axes[0], panels.items()):
+        for label, steps, values, style, colour in lines:
+            ax.plot(steps, [100 * v for v in values], style, color=f"C{colour}", marker=".", label=label)
+        ax.set(title=title, xlabel="training step", ylabel=ylabel)
+        ax.legend()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"plot: {path}"
+
+
+def write_curve(out_dir: str, results_by_model: dict, k: int) -> str:
+    """curve.csv (one row per checkpoint, one avg@k column per benchmark) and curve.png, as the paper's figures."""
+    points = [(os.path.basename(os.path.dirname(os.path.normpath(m))), checkpoint_step(m), m, results)
+              for m, results in results_by_model.items() if checkpoint_step(m) is not None]
+    benchmarks, metric = list(next(iter(results_by_model.values()))), f"avg@{k}"
+    with open(os.path.join(out_dir, "curve.csv"), "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["phase", "step", "model"] + [f"{b} {metric}" for b in benchmarks])
+        for phase, step, model, results in points:
+            writer.writerow([phase, step, model] + [results[b][metric] for b in benchmarks])
+    phases = sorted({p[0] for p in points})
+    panels = {b: [(phase, [s for ph, s, _, _ in points if ph == phase],
+                   [r[b][metric] for ph, _, _, r in points if ph == phase], "-", i) for i, phase in enumerate(phases)]
+              for b in benchmarks}
+    return save_plot(os.path.join(out_dir, "curve.png"), panels, f"{metric} (%)")
+
+
+def read_val_curve(path: str) -> list[tuple[int, float]]:
+    rows = [json.loads(line) for line in open(path) if line.strip()] if os.path.isfile(path) else []
+    return sorted((r["step"], r["val_acc"]) for r in rows if r.get("val_acc") is not None)
+
+
+def compare_phases(run_dirs: list[str], out_png: str) -> str:
+    """Markdown table, one row per run (seed): the baseline's (phase one) peak validation accuracy, the first
+    step at which RLEP (phase two) reaches it, RLEP's peak, and both final accuracies; plus both curves as a PNG."""
+    def peak(curve):  # the highest accuracy, at its earliest step
+        return max(curve, key=lambda point: (point[1], -point[0])) if curve else None
+
+    def cell(point):
+        return f"{100 * point[1]:.1f} (step {point[0]})" if point else "n/a"
+
+    lines = ["| run | baseline peak | RLEP reaches baseline peak at | RLEP peak | baseline final | RLEP final |",
+             "|---|---|---|---|---|---|"]
+    plot_lines = []
+    for i, run_dir in enumerate(run_dirs):
+        baseline, replay = (read_val_curve(f"{run_dir}/{part}/metrics.jsonl") for part in ("phase1", "phase2"))
+        if not baseline and not replay:
+            raise ValueError(f"{run_dir}: no val_acc in phase1/metrics.jsonl or phase2/metrics.jsonl")
+        config_path = os.path.join(run_dir, "config.json")
+        seed = json.load(open(config_path)).get("seed") if os.path.isfile(config_path) else None
+        name = os.path.basename(os.path.normpath(run_dir)) + ("" if seed is None else f" (seed {seed})")
+        reached = "n/a" if not (baseline and replay) else next(
+            (f"step {step}" for step, acc in replay if acc >= peak(baseline)[1]), "never")
+        lines.append(f"| {name} | {cell(peak(baseline))} | {reached} | {cell(peak(replay))} | "
+                     f"{cell(baseline[-1] if baseline else None)} | {cell(replay[-1] if replay else None)} |")
+        plot_lines += [(f"{name} {label}", [s for s, _ in curve], [a for _, a in curve], style, i)
+                       for label, curve, style in (("baseline", baseline, "--"), ("RLEP", replay, "-")) if curve]
+    note = save_plot(out_png, {"validation accuracy": plot_lines}, "val_acc (%)")
+    return "\n".join(lines) + f"\n\n{note}\n"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description="avg@k and pass@k of checkpoints on math benchmarks")
+    parser.add_argument("--model", action="append", default=[], help="model or checkpoint folder (repeatable)")
+    parser.add_argument("--run_dir", action="append", default=[], help="an rlep.py run: all its checkpoints")
+    parser.add_argument("--data", action="append", default=[], help="benchmark .jsonl/.parquet file (repeatable)")
+    parser.add_argument("--compare", nargs="+", metavar="RUN_DIR", help="only compare baseline and RLEP curves")
+    parser.add_argument("--out_dir", default="runs/eval")
+    parser.add_argument("--k", type=int, default=32, help="samples per problem")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top_p", type=float, default=1.0)
+    parser.add_argument("--max_new_tokens", type=int, default=3072, help="clamped to the model's context")
+    parser.add_argument("--max_prompt_len", type=int, default=1024)
+    parser.add_argument("--prompt_template", default=rlep.dapo_template, help="for plain {problem, answer} rows")
+    parser.add_argument("--verify_mode", default="default", choices=["default", "dapo"])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on GPU, float32 on CPU")
+    parser.add_argument("--gpu_memory_utilization", type=float, default=0.85)
+    parser.add_argument("--chunk_problems", type=int, default=64, help="problems sampled between two saves")
+    args = parser.parse_args(argv)
+    if not args.compare and not (args.data and (args.model or args.run_dir)):
+        parser.error("give --data and --model or --run_dir (or --compare RUN_DIR ...)")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.compare:
+        os.makedirs(args.out_dir, exist_ok=True)
+        print(compare_phases(args.compare, os.path.join(args.out_dir, "compare.png")))
+        return
+    try:  # a bad file or row stops here, with the file, row and reason, before any engine starts
+        benchmarks = load_benchmarks(args.data)
+        models = args.model + [p for run_dir in args.run_dir for p in run_checkpoints(run_dir)]
+        if len({repr(architecture(m)) for m in models}) > 1:  # one engine serves them all
+            raise ValueError("the models differ in architecture: evaluate them in separate calls")
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"eval.py: {e}")
+    d, llm = rlep.setup_distributed(), None
+    try:
+        # several checkpoints: one subfolder each, named like the run's phase*/step_* folders
+        subs = [os.path.join(*os.path.normpath(m).split(os.sep)[-2:]) if len(models) > 1 else "" for m in models]
+        if len(set(subs)) < len(subs):
+            raise SystemExit(f"eval.py: two models would share an output folder: {subs}")
+        results_by_model = {}
+        for model_dir, sub in zip(models, subs):
+            results, llm = evaluate(model_dir, benchmarks, args, d, os.path.join(args.out_dir, sub), llm)
+            results_by_model[model_dir] = results
+            if d.master_process:
+                print(f"\n{model_dir} (k={args.k}, {args.verify_mode} grading)\n{format_table(results)}")
+        if len(models) > 1 and d.master_process:
+            print(write_curve(args.out_dir, results_by_model, args.k))
+    finally:
+        if llm is not None:  # vLLM's teardown closes its process groups, the one torchrun's ranks share included
+            llm.llm_engine.engine_core.shutdown()
+        if d.ddp and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
