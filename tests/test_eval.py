@@ -12,52 +12,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from tokenizers import pre_tokenizers
-from transformers import Qwen2Config, Qwen2ForCausalLM
-from transformers.models.qwen2 import Qwen2Tokenizer
+from transformers import Qwen2ForCausalLM
 
 import eval
 import rlep
 import verify
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-chatml = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 sampling = ["--k", "4", "--prompt_template", "{problem}", "--max_new_tokens", "16", "--max_prompt_len", "32",
             "--chunk_problems", "2"]
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    """A random Qwen2 (head_dim 32, the smallest vLLM-CPU supports) with a one-character-per-token tokenizer,
-    taught "a+b" -> "Answer: c" for a few seconds: right sometimes, so verdicts are mixed."""
-    out = str(tmp_path_factory.mktemp("tiny"))
-    torch.manual_seed(0)
-    vocab = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    tokenizer = Qwen2Tokenizer(vocab={t: i for i, t in enumerate(vocab)}, merges=[], eos_token="<|im_end|>",
-                               pad_token="<|endoftext|>", extra_special_tokens=["<|im_start|>"], chat_template=chatml)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                         tie_word_embeddings=False, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
-    model = Qwen2ForCausalLM(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(60):
-        input_ids, labels = [], []
-        for a, b in torch.randint(0, 5, (32, 2)).tolist():
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": f"{a}+{b}"}],
-                                                   add_generation_prompt=True, tokenize=False)
-            prompt_ids = tokenizer(prompt)["input_ids"]
-            answer_ids = tokenizer(f"Answer: {a + b}<|im_end|>")["input_ids"]
-            input_ids.append(prompt_ids + answer_ids)
-            labels.append([-100] * len(prompt_ids) + answer_ids)
-        loss = model(input_ids=torch.tensor(input_ids), labels=torch.tensor(labels)).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
 
 
 def dapo_row(problem, answer):
@@ -204,7 +167,7 @@ def test_other_settings_refuse_to_resume_and_new_tokens_fit_the_context(clean_ru
                             str(tmp_path / "out")])
     with pytest.raises(ValueError, match=r"other settings \(k\)"):
         eval.evaluate(tiny_model, eval.load_benchmarks(args.data), args, rlep.setup_distributed(), args.out_dir)
-    for prompt_len, expected in ((64, (64, 256 - 64)), (1024, (128, 128))):  # the tiny model's context: 256
+    for prompt_len, expected in ((64, (64, 512 - 64)), (1024, (256, 256))):  # the tiny model's context: 512
         args = eval.parse_args(["--model", tiny_model, "--data", "x.jsonl", "--max_prompt_len", str(prompt_len)])
         cfg = eval.make_config(args, tiny_model, rlep.setup_distributed())
         assert (cfg.max_prompt_len, cfg.max_response_len) == expected

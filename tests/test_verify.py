@@ -238,6 +238,6 @@ def test_from_a_thread():
 
 def test_overrunning_worker_is_killed_and_replaced():
     assert verify(r"\boxed{\sin^2 x + \cos^2 x}", "1")                 # worker started and warm
-    verdict, seconds = _timed(r"\boxed{\tan^2 y + 1}", r"\sec^2 y", timeout=1e-4)
+    verdict, seconds = _timed(r"\boxed{\tan^2 y + 1}", r"\sec^2 y", timeout=5e-3)
     assert verdict is False and seconds < 0.5
     assert verify(r"\boxed{\tan^2 y + 1}", r"\sec^2 y")                # a fresh worker answers again
