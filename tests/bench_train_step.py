@@ -6,17 +6,19 @@
 
 A randomly initialised Qwen2 model with the shape of Qwen2.5-Math-1.5B or -7B (configs written here, nothing
 downloaded) is set up as rlep.train sets it up: fp32 master weights, train mode, gradient checkpointing
-(use_reentrant=False), AdamW from rlep.make_optimizer, autocast in Config.dtype (bf16) without its weight cache,
-on CPU too. For each micro-batch size the benchmark runs what one training step of rlep runs, stage by stage:
-DDP(rlep.TokenLogProbs(model), gradient_as_bucket_view=True) is built, then the old-log-prob pass (no_grad), a
-mini-batch of two micro-batches (forward + policy_loss + backward; the first under no_sync, the last synced, as
-in rlep.ppo_update), gradient clipping, the optimizer step and zero_grad(set_to_none=True); then `del policy`.
-So the gradients exist only while the DDP wrapper does, and the peaks include DDP's gradient buckets.
+(use_reentrant=False), one rlep.TokenLogProbs(model, temperature) for the whole run, AdamW from
+rlep.make_optimizer, autocast in Config.dtype (bf16) without its weight cache, on CPU too. No DDP wrapper, as in
+rlep. For each micro-batch size the benchmark runs what one micro-batch goes through in rlep.ppo_update, stage by
+stage: the old-log-prob pass (no_grad); a mini-batch of two forward + policy_loss + backward passes, the first
+creating the gradients (they are None between mini-batches), the second accumulating into them; then gradient
+clipping, the optimizer step and zero_grad(set_to_none=True). So the gradients exist once, and only during the
+update, and the peaks include them.
 
-One process stands in for one of the 8 ranks: DDP runs on a one-rank process group, so its all-reduce moves
-nothing, and ZeRO-1 is emulated by giving AdamW only the parameters that ZeroRedundancyOptimizer would give its
-most loaded rank (--zero1_ranks 8): optimizer state and step time are one rank's share. Not measured here: the
-cross-rank gradient all-reduce, DDP's parameter broadcast at construction, ZeRO-1's parameter broadcast, vLLM.
+One process stands in for one of the 8 ranks, with no process group: ZeRO-1 is emulated by giving AdamW only the
+parameters that ZeroRedundancyOptimizer would give its most loaded rank (--zero1_ranks 8), so optimizer state and
+step time are one rank's share. Not measured here: rlep's gradient all-reduce (one in-place all_reduce per
+parameter, once per mini-batch, before clipping), ZeRO-1's parameter broadcast after the step, vLLM (its memory
+is in --budget_only, as estimates and from gpu_memory_utilization).
 
 Model FLOPs per sequence of S real tokens, R of them predicted response tokens (padding is not counted):
     forward = 2 * N_layers * S + 2 * V * H * R + 4 * n_layers * d_attn * S^2
@@ -29,12 +31,9 @@ import argparse
 import os
 import sys
 import time
-from contextlib import nullcontext
 
 import numpy as np
 import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 from transformers import AutoModelForCausalLM, Qwen2Config
 
 repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,41 +139,45 @@ def allocated_gib(device):
 
 def train_step(policy, optimizer, batch, cfg, autocast):
     """One micro-batch through every stage of rlep.ppo_update: {stage: (seconds, peak GiB)}. The update is a
-    mini-batch of two copies of the micro-batch: the first under DDP's no_sync, the last synced."""
+    mini-batch of two copies of the micro-batch: the first backward creates the gradients, the second adds to them."""
     device = batch["input_ids"].device
     mask = batch["completion_mask"][:, 1:]
+    num_tokens = 2 * mask.sum().item()  # N: the response tokens of the whole (two micro-batch) mini-batch
 
     def old_logprobs():
         with torch.no_grad(), autocast:
             batch["old_logprobs"] = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
 
-    def forward_backward(sync: bool):
-        with (nullcontext() if sync or not isinstance(policy, DDP) else policy.no_sync()), autocast:
+    def forward_backward():
+        with autocast:
             logprobs = policy(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
             loss, metrics = rlep.policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], mask,
-                                             cfg.clip_low, cfg.clip_high, cfg.clip_c, num_tokens=mask.sum().item())
+                                             cfg.clip_low, cfg.clip_high, cfg.clip_c, num_tokens=num_tokens)
             loss.backward()
         # same weights, same micro-batch: ppo_update relies on the two passes agreeing (first ratio exactly 1)
         if abs(metrics["ratio_mean"] - 1) > 1e-3:
             print(f"warning: old-logp and update passes disagree, ratio_mean {metrics['ratio_mean']:.5f}")
 
-    def optimizer_step():
+    def optimizer_step():  # rlep all-reduces the gradients here first: not measured (one rank)
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip).item()
         assert np.isfinite(grad_norm), f"gradient norm {grad_norm}"
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        policy.zero_grad(set_to_none=True)  # all grads, as ZeroRedundancyOptimizer.zero_grad (AdamW has a share)
 
+    assert all(p.grad is None for p in policy.parameters()), "a mini-batch starts without gradients, as in rlep"
     return {"old-logp": timed_stage(device, old_logprobs),
-            "fwd+bwd": timed_stage(device, lambda: forward_backward(sync=False)),
-            "fwd+bwd sync": timed_stage(device, lambda: forward_backward(sync=True)),
+            "fwd+bwd 1st": timed_stage(device, forward_backward),
+            "fwd+bwd": timed_stage(device, forward_backward),
             "clip+step": timed_stage(device, optimizer_step)}
 
 
 def print_budget(model, counts, shard_params, ranks, gpu_gib):
-    """The per-GPU memory of each phase of a training step, rlep.py as written, from the model's shapes; the
-    activation and overhead figures are estimates (est.), which the GPU run of this script measures."""
+    """The per-GPU memory of each phase of a training step of rlep.py as written (no DDP: the gradients exist once,
+    from a mini-batch's first backward to its zero_grad), from the model's shapes; the activation and overhead
+    figures are estimates (est.), which the GPU run of this script measures."""
     cfg, config = rlep.Config(), model.config
     weights, grads, moments = 4 * counts["total"] / gib, 4 * counts["total"] / gib, 8 * shard_params / gib
+    adamw_temporaries = moments / 2  # est.: foreach AdamW's sqrt(exp_avg_sq), one fp32 copy of the shard
     vllm_awake, vllm_weights = cfg.gpu_memory_utilization * gpu_gib, 2 * counts["total"] / gib
     context, vllm_asleep = 1.5, 1.5  # est.: CUDA context + NCCL; what vLLM keeps asleep (CUDA graphs, buffers)
     chunk = 1024 * config.vocab_size * 4 / gib  # one LM-head chunk of fp32 logits
@@ -189,9 +192,9 @@ def print_budget(model, counts, shard_params, ranks, gpu_gib):
     print(f"per-GPU budget, {billions(counts['total'])} params, {ranks} ranks, {gpu_gib:.1f} GiB card, "
           f"sequences of {seq_len} tokens; GiB; est. = estimate, the rest is computed from the shapes")
     items = [("fp32 master weights", weights),
-             ("fp32 grads, DDP buckets (gradient_as_bucket_view): from DDP() to `del policy`", grads),
-             ("fp32 grads again, separate tensors: no_sync backward after set_to_none", grads),
+             ("fp32 grads, one copy: from a mini-batch's first backward to its zero_grad(set_to_none)", grads),
              (f"AdamW moments, ZeRO-1 share of the most loaded of {ranks} ranks", moments),
+             ("AdamW temporaries in the step: one fp32 copy of that share (est.)", adamw_temporaries),
              (f"vLLM awake: {cfg.gpu_memory_utilization} x {gpu_gib:.1f} (bf16 weights {vllm_weights:.1f}, "
               f"KV cache + workspace {vllm_awake - vllm_weights:.1f})", vllm_awake),
              ("vLLM asleep (level 2) (est.)", vllm_asleep), ("CUDA context + NCCL (est.)", context),
@@ -201,17 +204,18 @@ def print_budget(model, counts, shard_params, ranks, gpu_gib):
               f"recompute {layer_working_set:.2f} (est.)", saved_inputs + layer_working_set)]
     for name, size in items:
         print(f"  {name:100s} {size:6.1f}")
-    trainer = weights + moments + context
-    phases = [("generation: weights + moments + vLLM awake + ctx (no grads: DDP deleted)", trainer + vllm_awake),
-              ("old-logp pass: weights + buckets + moments + asleep + ctx + head (est.)",
-               trainer + grads + vllm_asleep + head_working_set)]
+    trainer = weights + moments + context  # always there; grads are None outside the update
+    asleep = trainer + vllm_asleep
+    phases = [("generation + weight push: weights + moments + ctx + vLLM awake (grads None)", trainer + vllm_awake),
+              (f"old-logp pass, mbs {cfg.micro_batch_size}: weights + moments + ctx + asleep + head + mbs x one "
+               f"layer (est.)", asleep + head_working_set + cfg.micro_batch_size * layer_working_set)]
     for micro_batch_size in (1, 2, 4):
-        update = trainer + grads + vllm_asleep + activations(micro_batch_size)
-        phases.append((f"update, mbs {micro_batch_size}, as written: + buckets + separate grads + act. (est.)",
-                       update + grads))
-        phases.append((f"update, mbs {micro_batch_size}, grads in one copy only: + grads + act. (est.)", update))
-    phases.append(("optimizer step: weights + buckets + moments + asleep + ctx + AdamW temporaries (est.)",
-                   trainer + grads + vllm_asleep + 2 * moments / 4))
+        default = " (rlep's)" if micro_batch_size == cfg.micro_batch_size else ""
+        phases.append((f"update fwd+bwd, mbs {micro_batch_size}{default}: weights + grads + moments + ctx + asleep "
+                       f"+ act. (est.)", asleep + grads + activations(micro_batch_size)))
+    phases += [("gradient all-reduce (in place): weights + grads + moments + ctx + asleep", asleep + grads),
+               ("clip + optimizer step: weights + grads + moments + ctx + asleep + AdamW temporaries (est.)",
+                asleep + grads + adamw_temporaries)]
     print(f"per phase (fits if at most {gpu_gib:.1f}):")
     for name, size in phases:
         print(f"  {name:100s} {size:6.1f}  {'fits' if size <= gpu_gib else 'DOES NOT FIT'}")
@@ -233,8 +237,6 @@ def main(argv=None):
                         help="sequences per rank per optimizer step (default: the paper's 64 x 16 / 8 = 128)")
     parser.add_argument("--autocast_cache", action=argparse.BooleanOptionalAction, default=False,
                         help="autocast's cache of bf16 weight copies (off in rlep.ppo_update: 13 GiB for 7B)")
-    parser.add_argument("--ddp", action=argparse.BooleanOptionalAction, default=True,
-                        help="wrap in DDP as rlep does; --no-ddp: plain grads, as one all-reduce per mini-batch")
     parser.add_argument("--attn_implementation", default="sdpa")
     parser.add_argument("--gpu_gib", type=float, default=79.6, help="usable memory of the budget's GPU (H100 80 GB)")
     parser.add_argument("--budget_only", action="store_true", help="print the per-phase budget (meta device), stop")
@@ -257,15 +259,13 @@ def main(argv=None):
     peak_tflops = args.peak_tflops or (989.0 if device.type == "cuda" else None)
     autocast = torch.autocast(device.type, dtype=getattr(torch, args.dtype), enabled=args.dtype != "float32",
                               cache_enabled=args.autocast_cache)  # as rlep.ppo_update
-    if args.ddp:  # a one-rank group: DDP builds its buckets and hooks as on 8 ranks, its all-reduce moves nothing
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=dist.HashStore(), rank=0,
-                                world_size=1)
 
     torch.manual_seed(0)
     start = time.perf_counter()
     model = build_model(args.model, device, args.attn_implementation)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()  # as rlep.train: transformers checkpoints only in train mode
+    policy = rlep.TokenLogProbs(model, cfg.temperature)  # as rlep.train: built once, no DDP wrapper
     shard = zero1_share(model, args.zero1_ranks)
     optimizer = rlep.make_optimizer(torch.nn.ParameterList(shard), cfg, rlep.Dist(False, 0, 1, device, True))
     synchronize(device)
@@ -278,8 +278,7 @@ def main(argv=None):
                  if args.dtype != "float32" else "fp32")
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, {precision}, "
           f"gradient checkpointing {'on' if model.training and model.is_gradient_checkpointing else 'OFF'}, "
-          f"{'DDP (one rank, gradient_as_bucket_view)' if args.ddp else 'no DDP'}, "
-          f"attention {args.attn_implementation}, torch {torch.__version__}")
+          f"no DDP (grads accumulate locally), attention {args.attn_implementation}, torch {torch.__version__}")
     print(f"AdamW on one ZeRO-1 rank of {args.zero1_ranks}: {billions(shard_params)} params "
           f"(moments {8 * shard_params / gib:.2f} GiB, created at the first step)")
 
@@ -294,37 +293,30 @@ def main(argv=None):
         response_lens = batch["completion_mask"][:, 1:].sum(1).tolist()
         forward = forward_flops(model.config, seq_lens, response_lens)
         forward_verl = forward_flops(model.config, seq_lens, response_lens, verl_count=True)
-        before = allocated_gib(device)
-        policy = rlep.TokenLogProbs(model, cfg.temperature)
-        if args.ddp:  # as rlep.train: wrapped anew each training step, deleted after the update
-            policy = DDP(policy, device_ids=[device.index] if device.type == "cuda" else None,
-                         gradient_as_bucket_view=True)
-        with_ddp = allocated_gib(device)
         try:
             train_step(policy, optimizer, batch, cfg, autocast)  # warm-up; creates AdamW's moments
             runs = [train_step(policy, optimizer, batch, cfg, autocast) for _ in range(args.steps)]
         except torch.OutOfMemoryError:
             runs = None
-            optimizer.zero_grad(set_to_none=True)
-        del policy  # with the grads set to None, this frees DDP's buckets
+            policy.zero_grad(set_to_none=True)
         if runs is None:
             print(f"{micro_batch_size:>3} out of memory")
             batch.clear()
             torch.cuda.empty_cache()
             continue
         if device.type == "cuda":
-            memory_lines.append(f"mbs {micro_batch_size}: allocated {before:.2f} GiB before DDP(), {with_ddp:.2f} "
-                                f"after it, {allocated_gib(device):.2f} after the step and `del policy`")
+            memory_lines.append(f"mbs {micro_batch_size}: allocated {allocated_gib(device):.2f} GiB between steps "
+                                f"(weights + moments; grads None)")
         stages = {name: (float(np.median([r[name][0] for r in runs])),
                          None if runs[0][name][1] is None else max(r[name][1] for r in runs)) for name in runs[0]}
         micro_batches = max(1, sequences_per_update // micro_batch_size)
         peaks = [peak for _, peak in stages.values()]
-        update = ((micro_batches - 1) * stages["fwd+bwd"][0] + stages["fwd+bwd sync"][0]
+        update = (stages["fwd+bwd 1st"][0] + (micro_batches - 1) * stages["fwd+bwd"][0]
                   + stages["clip+step"][0]) / micro_batches
         step = (stages["old-logp"][0] + update, None if peaks[0] is None else max(peaks))
         rows = [("old-logp", stages["old-logp"], forward, None),
+                ("fwd+bwd 1st", stages["fwd+bwd 1st"], 3 * forward, 3 * forward_verl),
                 ("fwd+bwd", stages["fwd+bwd"], 3 * forward, 3 * forward_verl),
-                ("fwd+bwd sync", stages["fwd+bwd sync"], 3 * forward, 3 * forward_verl),
                 ("clip+step", stages["clip+step"], None, None),
                 (f"step/{micro_batches}", step, 4 * forward, 4 * forward_verl)]
         tokens = f"{sum(seq_lens)}/{batch['input_ids'].numel()}"
@@ -336,13 +328,12 @@ def main(argv=None):
                   f"{fmt(sum(seq_lens) / seconds if flops else None, 9, '.0f')} {fmt(tflops, 8, '.1f')} "
                   f"{fmt(mfu, 6, '.1f')} {fmt(mfu_verl, 10, '.1f')} {fmt(peak, 9, '.2f')}")
             tokens = ""
-    print(f"fwd+bwd: under no_sync, as all but the last micro-batch of a mini-batch; step/K: old-logp + (K - 1 "
-          f"fwd+bwd + fwd+bwd sync + clip+step) / K, K = {sequences_per_update} sequences per rank per update / mbs; "
+    print(f"fwd+bwd 1st: creates the grads (None between mini-batches); fwd+bwd: adds to them; clip+step: clip, "
+          f"step, zero_grad(set_to_none), without rlep's all-reduce before it; step/K: old-logp + (fwd+bwd 1st + "
+          f"(K - 1) fwd+bwd + clip+step) / K, K = {sequences_per_update} sequences per rank per update / mbs; "
           f"peak TFLOP/s {peak_tflops or 'n/a'}")
     for line in memory_lines:
         print(line)
-    if args.ddp:
-        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
