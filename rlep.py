@@ -84,16 +84,16 @@ class Config:
     # phase one: the baseline, then experience collection
     phase1_steps: int = 400  # training steps of the baseline
     phase1_prompts: str = "all"  # "all" (paper) or "pool": baseline on the pool's prompts (confound control)
-    collect_step: int = 400  # the phase-one checkpoint that builds the pool
-    collect_k: int = 64  # K, samples per prompt during collection
-    collect_temperature: float = 0.7  # sampling temperature of the collection
-    collect_top_p: float = 0.95  # nucleus threshold of the collection
-    min_successes: int = 2  # keep prompts with at least this many verified answers
+    collect_step: int = 400  # RLEP: the phase-one checkpoint that builds the pool
+    collect_k: int = 64  # RLEP: K, samples per prompt during collection
+    collect_temperature: float = 0.7  # RLEP: sampling temperature of the collection
+    collect_top_p: float = 0.95  # RLEP: nucleus threshold of the collection
+    min_successes: int = 2  # RLEP: keep prompts with at least this many verified answers
     # phase two: replay
-    phase2_steps: int = 400  # training steps of RLEP
-    replay_m: int = 2  # m, replayed successes added to each group of n fresh rollouts
-    equal_updates: bool = False  # True: phase-two mini-batches hold n + m per prompt (confound control)
-    pool: str = ""  # phase two from this pool file (pool.jsonl, or DAPO parquet with reward_model.candidates)
+    phase2_steps: int = 400  # RLEP: training steps of phase two
+    replay_m: int = 2  # RLEP: m, replayed successes added to each group of n fresh rollouts
+    equal_updates: bool = False  # RLEP: True: phase-two mini-batches hold n + m per prompt (confound control)
+    pool: str = ""  # RLEP: phase two from this pool file (pool.jsonl, or DAPO parquet with reward_model.candidates)
     # evaluation
     val_every: int = 5  # validate every N steps (and before the first); 0 turns it off
     val_k: int = 32  # samples per validation problem (avg@k)
@@ -505,7 +505,7 @@ def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list
     """RLEP: m pooled successes, uniformly without replacement, drawn anew each time the prompt comes up."""
     if len(responses) <= m:  # RLEP: the authors' code takes them all
         return list(responses)
-    return [responses[i] for i in rng.choice(len(responses), size=m, replace=False)]  # RLEP
+    return [responses[i] for i in rng.choice(len(responses), size=m, replace=False)]  # RLEP: without replacement
 
 
 def build_group(row: dict, prompt_ids: list[int], completions: list[list[int]], tokenizer, cfg: Config,
@@ -513,11 +513,11 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[list[int]], 
     """A prompt's group: its n fresh rollouts plus (in phase two) m replayed successes, which become sequences
     again (re-tokenized, EOS appended, cut to L_max). Every response gets the reward R = +1 / -1 (verify.py) +
     the overlong penalty (its length counts EOS); the advantages are standardised over the whole group."""
-    replays = draw_replays(row["responses"], cfg.replay_m, replay_rng) if replay_rng is not None else []  # RLEP
+    replays = draw_replays(row["responses"], cfg.replay_m, replay_rng) if replay_rng is not None else []  # RLEP: m
     replayed_ids = [(tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id])[:cfg.max_response_len]
-                    for text in replays]  # RLEP
+                    for text in replays]  # RLEP: re-tokenized, EOS appended
     group = []
-    for ids, replay in [(ids, False) for ids in completions] + [(ids, True) for ids in replayed_ids]:  # RLEP
+    for ids, replay in [(ids, False) for ids in completions] + [(ids, True) for ids in replayed_ids]:  # RLEP: n + m
         text = tokenizer.decode(ids, skip_special_tokens=True)
         correct = verify.verify(text, row["answer"], mode=cfg.verify_mode)
         penalty = overlong_penalty(len(ids), cfg.max_response_len, cfg.overlong_buffer, cfg.overlong_factor)
@@ -643,7 +643,7 @@ def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, ba
         t_generate, timer = time.time() - timer, time.time()
 
         rng = np.random.default_rng(seed_for(cfg.seed, part, step, d.rank))
-        groups = [build_group(row, prompt_ids, group_ids, tokenizer, cfg, rng if replay else None)
+        groups = [build_group(row, prompt_ids, group_ids, tokenizer, cfg, rng if replay else None)  # RLEP: replays
                   for row, prompt_ids, group_ids in zip(batch_rows, prompts, completions)]
         samples = [s for group in groups for s in group]
         fresh = [s for s in samples if not s.replay]
@@ -664,8 +664,8 @@ def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, ba
         record = {"step": step + 1, "lr": lr, "reward_mean": totals["reward"] / totals["samples"],
                   "acc_fresh": totals["correct"] / totals["fresh"], "response_len": totals["tokens"] / totals["fresh"],
                   "zero_std_frac": totals["zero_std"] / totals["groups"],
-                  "replay_frac": 1 - totals["fresh"] / totals["samples"],  # RLEP
-                  "rescued_prompts": totals["rescued"],  # RLEP
+                  "replay_frac": 1 - totals["fresh"] / totals["samples"],  # RLEP: m / (n + m)
+                  "rescued_prompts": totals["rescued"],  # RLEP: signal only from replays
                   **stats, "t_generate": t_generate, "t_score": t_score, "t_train": t_train, "t_sync": t_sync}
         if d.ddp:  # a cheap guard against silent desynchronisation: every rank must hold the same weights
             checksum = sum(p.double().sum().item() for p in model.parameters())
@@ -706,7 +706,7 @@ def collect(cfg: Config, rows: list[dict], llm, tokenizer, stop_ids, d: Dist):
     for start in tqdm(range(0, len(todo), cfg.prompts_per_step), desc="collect", disable=not d.master_process):
         records = sample_and_grade(llm, tokenizer, todo[start:start + cfg.prompts_per_step], cfg.collect_k, cfg,
                                    stop_ids, d, (cfg.seed, "collect"), cfg.collect_temperature, cfg.collect_top_p)
-        found = [[r["id"], [t for t, ok in zip(r["responses"], r["correct"]) if ok]] for r in records]  # RLEP
+        found = [[r["id"], [t for t, ok in zip(r["responses"], r["correct"]) if ok]] for r in records]  # RLEP: verified
         successes.update(found)
         if d.master_process:
             append_jsonl(progress_path, found)
@@ -725,14 +725,14 @@ def collect(cfg: Config, rows: list[dict], llm, tokenizer, stop_ids, d: Dist):
 # ----------------------------------------------------------------------------------------------------------------
 # Phase two: restart from the base model on the pool's prompts, each group n fresh + m replayed
 def phase_two(cfg: Config, pool_path: str, llm, tokenizer, stop_ids, base_path: str, d: Dist, val_rows):
-    pool = load_pool(pool_path)  # RLEP
+    pool = load_pool(pool_path)  # RLEP: the prompts of phase two are the pool's
     lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for row in pool for t in row["responses"]]
     stats = {"pool": pool_path, "prompts": len(pool), "responses_per_prompt": len(lengths) / len(pool),
              "mean_response_tokens": float(np.mean(lengths))}
     if d.master_process:
         print(json.dumps(stats))
         write_atomic(os.path.join(cfg.out_dir, "pool_stats.json"), json.dumps(stats, indent=2))
-    train(cfg, "phase2", pool, llm, tokenizer, stop_ids, base_path, d, val_rows, replay=True)  # RLEP
+    train(cfg, "phase2", pool, llm, tokenizer, stop_ids, base_path, d, val_rows, replay=True)  # RLEP: from π_θ0
 
 
 # ----------------------------------------------------------------------------------------------------------------
