@@ -96,13 +96,7 @@ def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
 
 def read_samples(path: str) -> dict[tuple, dict]:
     """Finished problems by (benchmark, id); the torn last line of a killed run is dropped."""
-    records = []
-    for line in open(path) if os.path.isfile(path) else []:
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass
-    return {(r["benchmark"], r["id"]): r for r in records}
+    return {(r["benchmark"], r["id"]): r for r in rlep.read_jsonl(path)}
 
 
 def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str, llm=None) -> tuple:
@@ -205,8 +199,7 @@ def write_curve(out_dir: str, results_by_model: dict, k: int) -> str:
 
 
 def read_val_curve(path: str) -> list[tuple[int, float]]:
-    rows = [json.loads(line) for line in open(path) if line.strip()] if os.path.isfile(path) else []
-    return sorted((r["step"], r["val_acc"]) for r in rows if r.get("val_acc") is not None)
+    return sorted((r["step"], r["val_acc"]) for r in rlep.read_jsonl(path) if r.get("val_acc") is not None)
 
 
 def compare_phases(run_dirs: list[str], out_png: str) -> str:
