@@ -652,7 +652,7 @@ def train(cfg: Config, part: str, rows: list[dict], llm, tokenizer, stop_ids, ba
                   "groups": len(groups), "zero_std": sum(all(s.advantage == 0 for s in g) for g in groups),
                   "rescued": sum(any(s.correct for s in g if s.replay)  # RLEP: fresh all wrong, replays right
                                  and not any(s.correct for s in g if not s.replay) for g in groups)}
-        totals = {k: all_reduce_sum(v, d) for k, v in totals.items()}
+        totals = {k: sum(rank_totals[k] for rank_totals in gather_lists([totals], d)) for k in totals}  # one collective
         t_score, timer = time.time() - timer, time.time()
 
         per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # RLEP: paper: 9 updates, not 8
@@ -724,8 +724,9 @@ def collect(cfg: Config, rows: list[dict], llm, tokenizer, stop_ids, d: Dist):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Phase two: restart from the base model on the pool's prompts, each group n fresh + m replayed
-def phase_two(cfg: Config, pool_path: str, llm, tokenizer, stop_ids, base_path: str, d: Dist, val_rows):
-    pool = load_pool(pool_path)  # RLEP: the prompts of phase two are the pool's
+def phase_two(cfg: Config, pool: list[dict], pool_path: str, llm, tokenizer, stop_ids, base_path: str, d: Dist,
+              val_rows):
+    """RLEP: the prompts of phase two are the pool's; its statistics are printed and saved first."""
     lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for row in pool for t in row["responses"]]
     stats = {"pool": pool_path, "prompts": len(pool), "responses_per_prompt": len(lengths) / len(pool),
              "mean_response_tokens": float(np.mean(lengths))}
@@ -752,22 +753,22 @@ def run(cfg: Config, d: Dist):
     stop_ids = stop_token_ids(tokenizer)
     train_rows = read_rows(cfg.train_file) if cfg.phase in ("all", "1", "collect") else []
     val_rows = read_rows(cfg.val_file)[:cfg.val_max_problems or None] if cfg.val_every else []
-    if cfg.pool:
-        load_pool(cfg.pool)  # a bad pool file stops the run now, not after phase one
-    elif cfg.phase1_prompts == "pool" and cfg.phase in ("all", "1"):
+    given_pool = load_pool(cfg.pool) if cfg.pool else None  # read once; a bad file stops the run now
+    if given_pool is None and cfg.phase1_prompts == "pool" and cfg.phase in ("all", "1"):
         raise ValueError("--phase1_prompts pool needs --pool FILE (the prompt set to train the baseline on)")
     llm = build_engine(cfg, model_path, d)
     if torch.cuda.is_available():
         llm.sleep(level=2)  # free the GPU for the trainer; push_weights wakes it with the trainer's weights
 
     if cfg.phase in ("all", "1"):
-        rows = load_pool(cfg.pool) if cfg.phase1_prompts == "pool" else train_rows
+        rows = given_pool if cfg.phase1_prompts == "pool" else train_rows
         train(cfg, "phase1", rows, llm, tokenizer, stop_ids, model_path, d, val_rows)
     if cfg.phase in ("all", "collect") and not cfg.pool:
         collect(cfg, train_rows, llm, tokenizer, stop_ids, d)
     if cfg.phase in ("all", "2"):
         pool_path = cfg.pool or os.path.join(cfg.out_dir, "collect", "pool.jsonl")
-        phase_two(cfg, pool_path, llm, tokenizer, stop_ids, model_path, d, val_rows)
+        pool = given_pool or load_pool(pool_path)
+        phase_two(cfg, pool, pool_path, llm, tokenizer, stop_ids, model_path, d, val_rows)
     llm.llm_engine.engine_core.shutdown()  # before the process group goes: vLLM tears down its own groups
     if cfg.phase == "all" and cfg.val_every and d.master_process:  # the paper's comparison, for this run
         from eval import compare_phases
