@@ -2,9 +2,10 @@
 with nothing downloaded from a model or dataset hub. Not part of the method; rlep.py imports it on demand.
 
     builtin:tiny:train|val, builtin:arith:train|val    tasks (read by rlep.read_rows)
-    builtin:tiny, builtin:smollm2                      models (built or converted by rlep.resolve_model)
+    builtin:tiny, builtin:smollm2                      models (built or converted by resolve_model)
 """
 import math
+import os
 
 import numpy as np
 import torch
@@ -12,7 +13,7 @@ import torch
 
 def builtin_rows(name: str) -> list[dict]:
     """`builtin:tiny:train|val`: the 110 single-digit sums and differences ("3+4"). `builtin:arith:train|val`: 2-digit
-    sums and 1-digit x 2-digit products, after two worked examples (SmolLM2-135M starts at about 25 %)."""
+    sums and 1-digit x 2-digit products, after two worked examples (SmolLM2-135M starts at about 20 %)."""
     _, task, split = (name.split(":") + [""])[:3]
     if task == "tiny":
         sums = [(f"{a}+{b}", a + b) for a in range(10) for b in range(10 - a)]
@@ -32,13 +33,29 @@ def builtin_rows(name: str) -> list[dict]:
         shots = [turn for question, answer in (("17 + 25", 42), ("6 * 13", 78))
                  for turn in ({"role": "user", "content": f"What is {question}?"},
                               {"role": "assistant", "content": f"{question} = {answer}.\nAnswer: {answer}"})]
-        rows = [{"id": f"arith-{i}", "problem": f"What is {q}?", "answer": str(x),
-                 "prompt": shots + [{"role": "user", "content": f"What is {q}?"}]}
+        rows = [{"id": f"arith-{i}", "problem": f"What is {q}?", "answer": str(x),  # an empty system turn: no
+                 "prompt": [{"role": "system", "content": ""}] + shots  # default system prompt (14 tokens less)
+                 + [{"role": "user", "content": f"What is {q}?"}]}
                 for i, (q, x) in enumerate(problems.items())]
         splits = {"train": rows[:64], "val": rows[64:]}
     if task not in ("tiny", "arith") or split not in splits:
         raise ValueError(f"{name}: unknown built-in data; use builtin:tiny:train|val or builtin:arith:train|val")
     return splits[split]
+
+
+def resolve_model(path: str, cache_dir: str, build: bool = True) -> str:
+    """A model folder: `path` itself, or a built-in model's folder in cache_dir, made there (if `build`: rank 0) under
+    a temporary name, renamed when complete."""
+    if not path.startswith("builtin:"):
+        return path
+    builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}
+    if path not in builders:
+        raise ValueError(f"{path}: unknown built-in model; use one of {sorted(builders)}")
+    out_dir = os.path.join(cache_dir, path.split(":")[1])
+    if build and not os.path.isdir(out_dir):
+        builders[path](f"{out_dir}.tmp{os.getpid()}")
+        os.replace(f"{out_dir}.tmp{os.getpid()}", out_dir)
+    return out_dir
 
 
 def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: int = 32, lr: float = 3e-3):

@@ -2,15 +2,20 @@
 eval.py: avg@k and pass@k of a checkpoint, or of every checkpoint of a run, on math benchmarks (AIME-2024,
 AIME-2025, AMC-2023, MATH-500: any JSONL or parquet file in the DAPO schema or with {"problem", "answer"} rows).
 
-The protocol is the paper's (RLEP_SPEC.md section 4): k = 32 samples per problem at temperature 1.0 and
-top-p 1.0, up to 3072 new tokens, the training prompt template and stop tokens, graded by verify.py.
-avg@k is the mean accuracy over all (problem, sample) pairs; pass@k is the unbiased estimate of solving a
-problem with at least one of k samples. Duplicated rows (DAPO's AIME file repeats each problem 32x) count once.
-Outputs, in --out_dir (a subfolder per checkpoint when there are several): samples.jsonl, results.json, and
-curve.csv (+ curve.png with matplotlib) of avg@k against training step. Re-running skips finished problems.
+The protocol is the paper's (RLEP_SPEC.md section 4): k = 32 samples per problem at temperature 1.0 and top-p
+1.0, up to 3072 new tokens, the training prompt template, ending at the EOS (or --stop_token) as in training.
+avg@k is the mean accuracy over all (problem, sample) pairs; pass@k is the unbiased estimate of solving a problem
+with at least one of k samples. Duplicated rows (DAPO's AIME file repeats each problem 32x) count once.
+Both rules of verify.py grade every response (so no --verify_mode): "dapo", the paper's exact match of the last
+`Answer:` line in the last 300 characters (a \boxed{}-only answer is wrong), and "default", our equivalence
+checker. Records hold "correct": {"dapo": [...], "default": [...]}; results.json per benchmark {"dapo": {avg@k,
+pass@1, 2, 4, ...}, "default": {...}, "mean_length", "no_answer" (none extracted by the equivalence checker)};
+the table a row per rule, "paper (dapo)" and "equivalence": their gap is what the string match under-counts.
+Outputs, in --out_dir (a subfolder per checkpoint when there are several): samples.jsonl, results.json,
+settings.json, curve.csv (+ curve.png) of avg@k against training step. Re-running skips finished problems.
     python eval.py --model runs/paper/phase2/step_000320 --data aime-2024.parquet --data aime-2025.parquet
     torchrun --standalone --nproc_per_node=8 eval.py --run_dir runs/paper --data aime-2024.parquet
-    python eval.py --compare runs/seed1 runs/seed2      # baseline vs RLEP validation curves of finished runs
+    python eval.py --compare runs/seed1 runs/seed2  # rlep.comparison_table + compare.png of finished runs
 """
 import rlep  # first: it sets vLLM's environment before torch is imported
 
@@ -21,11 +26,16 @@ import json
 import math
 import os
 import re
+from collections import defaultdict
 
 import numpy as np
 import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
+
+import verify
+
+rules = {"dapo": "paper (dapo)", "default": "equivalence"}  # verify.verify's modes, and their names in tables
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -40,26 +50,30 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def summarize(records: list[dict], ks: list[int] = None) -> dict:
-    """Benchmark metrics from samples.jsonl records: avg@n over all (problem, sample) pairs, mean pass@k over
-    problems, mean response length in tokens (stop token included) and the share with no extractable answer."""
-    n = min(len(r["correct"]) for r in records)
-    verdicts = [c for r in records for c in r["correct"]]
-    metrics = {"problems": len(records), "samples_per_problem": n, f"avg@{n}": float(np.mean(verdicts))}
-    for k in ks or [2 ** i for i in range(int(math.log2(n)) + 1)]:  # 1, 2, 4, ..., n
-        metrics[f"pass@{k}"] = float(np.mean([pass_at_k(len(r["correct"]), sum(r["correct"]), k) for r in records]))
+    """Benchmark metrics from samples.jsonl records, under each rule: avg@n over all (problem, sample) pairs and
+    mean pass@k over problems; then the mean response length in tokens (stop token included) and the share of
+    responses with no answer the equivalence checker can extract."""
+    n = min(len(r["lengths"]) for r in records)
+    metrics = {"problems": len(records), "samples_per_problem": n}
+    for rule in rules:
+        verdicts = [r["correct"][rule] for r in records]
+        metrics[rule] = {f"avg@{n}": float(np.mean([c for v in verdicts for c in v]))}
+        for k in ks or [2 ** i for i in range(int(math.log2(n)) + 1)]:  # 1, 2, 4, ..., n
+            metrics[rule][f"pass@{k}"] = float(np.mean([pass_at_k(len(v), sum(v), k) for v in verdicts]))
     metrics["mean_length"] = float(np.mean([length for r in records for length in r["lengths"]]))
     metrics["no_answer"] = float(np.mean([a is None for r in records for a in r["answers"]]))
     return metrics
 
 
 def format_table(results: dict) -> str:
-    """A markdown table, one row per benchmark; accuracies in percent."""
-    metric_names = [m for m in next(iter(results.values())) if m.startswith(("avg@", "pass@"))]
-    lines = ["| benchmark | problems | " + " | ".join(metric_names) + " | mean length | no answer |",
-             "|---" * (len(metric_names) + 4) + "|"]
+    """A markdown table, one row per benchmark and rule; accuracies in percent."""
+    metric_names = list(next(iter(results.values()))[next(iter(rules))])
+    lines = ["| benchmark | rule | problems | " + " | ".join(metric_names) + " | mean length | no answer |",
+             "|---" * (len(metric_names) + 5) + "|"]
     for name, m in results.items():
-        cells = [name, str(m["problems"])] + [f"{100 * m[k]:.1f}" for k in metric_names]
-        lines.append("| " + " | ".join(cells + [f"{m['mean_length']:.1f}", f"{100 * m['no_answer']:.1f}%"]) + " |")
+        for rule, label in rules.items():
+            cells = [name, label, str(m["problems"])] + [f"{100 * m[rule][k]:.1f}" for k in metric_names]
+            lines.append("| " + " | ".join(cells + [f"{m['mean_length']:.1f}", f"{100 * m['no_answer']:.1f}%"]) + " |")
     return "\n".join(lines)
 
 
@@ -87,31 +101,33 @@ def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
     context = AutoConfig.from_pretrained(model_dir).max_position_embeddings
     prompt_len = min(args.max_prompt_len, context // 2)
     new_tokens = min(args.max_new_tokens, context - prompt_len)
-    dtype = args.dtype or ("bfloat16" if d.device.type == "cuda" else "float32")
+    dtype = rlep.resolve_dtype(args.dtype, d.device)[0]  # as rlep.py: bf16 where the hardware has it
+    # "default": the costly rule grades in sample_and_grade, each rank its share; grade_both adds the paper's
     return rlep.Config(model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
-                       max_prompt_len=prompt_len, max_response_len=new_tokens,
-                       prompt_template=args.prompt_template, verify_mode=args.verify_mode, seed=args.seed,
+                       max_prompt_len=prompt_len, max_response_len=new_tokens, stop_token=args.stop_token,
+                       prompt_template=args.prompt_template, verify_mode="default", seed=args.seed,
                        dtype=dtype, gpu_memory_utilization=args.gpu_memory_utilization)
 
 
-def read_samples(path: str) -> dict[tuple, dict]:
-    """Finished problems by (benchmark, id); the torn last line of a killed run is dropped."""
-    return {(r["benchmark"], r["id"]): r for r in rlep.read_jsonl(path)}
+def grade_both(record: dict) -> dict:
+    """A sample_and_grade record (graded by the equivalence checker) with the verdicts of both rules."""
+    paper = [verify.verify(t, record["gold"], mode="dapo") for t in record["responses"]]
+    return {**record, "correct": {"dapo": paper, "default": record["correct"]}}
 
 
-def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str, llm=None) -> tuple:
+def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str, engine=None) -> tuple:
     """Sample args.k responses per unfinished problem, append them to samples.jsonl, write results.json.
     Returns the results and the engine: built on first need, then reused, loading each model's weights."""
     cfg = make_config(args, model_dir, d)
     settings = {"model": os.path.abspath(model_dir), "k": args.k, "temperature": cfg.temperature, "top_p": cfg.top_p,
                 "max_new_tokens": cfg.max_response_len, "max_prompt_len": cfg.max_prompt_len, "seed": cfg.seed,
-                "prompt_template": cfg.prompt_template, "verify_mode": cfg.verify_mode}
+                "prompt_template": cfg.prompt_template, "stop_token": cfg.stop_token, "rules": list(rules)}
     samples_path, settings_path = os.path.join(out_dir, "samples.jsonl"), os.path.join(out_dir, "settings.json")
     old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
     changed = sorted(key for key in settings if old.get(key) != settings[key])
     if changed:
         raise ValueError(f"{out_dir}: samples made with other settings ({', '.join(changed)}); use another --out_dir")
-    done = read_samples(samples_path)
+    done = {(r["benchmark"], r["id"]): r for r in rlep.read_jsonl(samples_path)}  # drops a killed run's torn line
     rlep.barrier(d)  # every rank has read the file before rank 0 rewrites it
     if d.master_process:
         os.makedirs(out_dir, exist_ok=True)
@@ -120,26 +136,25 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
     todo = {name: [row for row in rows if (name, row["id"]) not in done] for name, rows in benchmarks.items()}
     if any(todo.values()):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        stop_ids = rlep.stop_token_ids(tokenizer)
-        if llm is None:
-            llm = rlep.build_engine(cfg, model_dir, d)
+        stop_ids = [rlep.end_token_id(tokenizer, cfg.stop_token)]  # vLLM also stops on the model's EOS ids
+        if engine is None:
+            engine = rlep.build_engine(cfg, model_dir, d)
         else:  # one engine per process: tearing one down closes the process group that torchrun's ranks share
-            llm.collective_rpc("reload_weights", kwargs={"weights_path": model_dir})
-            llm.reset_prefix_cache()  # the cached prompt KV came from the previous weights
+            engine.load(path=model_dir)  # also drops the cached prompt KV of the previous weights
     for name, rows in todo.items():
         chunks = range(0, len(rows), args.chunk_problems)
         for start in tqdm(chunks, desc=f"{name} ({len(rows)} to sample)", disable=not d.master_process or not rows):
             # the seed depends on the row only: a resumed run samples what the uninterrupted run would have
-            records = rlep.sample_and_grade(llm, tokenizer, rows[start:start + args.chunk_problems], args.k, cfg,
-                                            stop_ids, d, (cfg.seed, "eval"))
-            records = [{"benchmark": name, **r} for r in records]
+            records = rlep.sample_and_grade(engine, tokenizer, rows[start:start + args.chunk_problems], args.k,
+                                            cfg, stop_ids, d, (cfg.seed, "eval"))
+            records = [{"benchmark": name, **grade_both(r)} for r in records]
             if d.master_process:
                 rlep.append_jsonl(samples_path, records)  # a kill now loses nothing sampled so far
             done.update(((name, r["id"]), r) for r in records)
     results = {name: summarize([done[(name, row["id"])] for row in rows]) for name, rows in benchmarks.items()}
     if d.master_process:
         rlep.write_atomic(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
-    return results, llm
+    return results, engine
 
 
 def architecture(model_dir: str) -> list:
@@ -182,53 +197,44 @@ def save_plot(path: str, panels: dict, ylabel: str) -> str:
 
 
 def write_curve(out_dir: str, results_by_model: dict, k: int) -> str:
-    """curve.csv (one row per checkpoint, one avg@k column per benchmark) and curve.png, as the paper's figures."""
+    """curve.csv (one row per checkpoint, one avg@k column per benchmark and rule) and curve.png (a panel per
+    benchmark, a colour per phase; the paper's rule dashed, the equivalence checker solid), as the paper's figures."""
     points = [(os.path.basename(os.path.dirname(os.path.normpath(m))), checkpoint_step(m), m, results)
               for m, results in results_by_model.items() if checkpoint_step(m) is not None]
     benchmarks, metric = list(next(iter(results_by_model.values()))), f"avg@{k}"
     with open(os.path.join(out_dir, "curve.csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["phase", "step", "model"] + [f"{b} {metric}" for b in benchmarks])
+        writer.writerow(["phase", "step", "model"] + [f"{b} {rule} {metric}" for b in benchmarks for rule in rules])
         for phase, step, model, results in points:
-            writer.writerow([phase, step, model] + [results[b][metric] for b in benchmarks])
+            writer.writerow([phase, step, model] + [results[b][rule][metric] for b in benchmarks for rule in rules])
     phases = sorted({p[0] for p in points})
-    panels = {b: [(phase, [s for ph, s, _, _ in points if ph == phase],
-                   [r[b][metric] for ph, _, _, r in points if ph == phase], "-", i) for i, phase in enumerate(phases)]
-              for b in benchmarks}
+    panels = {b: [(f"{phase} {label}", [s for ph, s, _, _ in points if ph == phase],
+                   [r[b][rule][metric] for ph, _, _, r in points if ph == phase], "--" if rule == "dapo" else "-", i)
+                  for i, phase in enumerate(phases) for rule, label in rules.items()] for b in benchmarks}
     return save_plot(os.path.join(out_dir, "curve.png"), panels, f"{metric} (%)")
 
 
-def read_val_curve(path: str) -> list[tuple[int, float]]:
-    return sorted((r["step"], r["val_acc"]) for r in rlep.read_jsonl(path) if r.get("val_acc") is not None)
+def val_curves(run_dir: str, part: str) -> dict:
+    """{validation metric (val_acc, val_acc/<data_source>): [(step, value)]} of an rlep.py part's metrics.jsonl."""
+    found = defaultdict(dict)
+    for row in rlep.read_jsonl(os.path.join(run_dir, part, "metrics.jsonl")):
+        for key, value in row.items():
+            if key.startswith("val_acc") and value is not None:
+                found[key][row["step"]] = value
+    return {key: sorted(points.items()) for key, points in found.items()}
 
 
-def compare_phases(run_dirs: list[str], out_png: str) -> str:
-    """Markdown table, one row per run (seed): the baseline's (phase one) peak validation accuracy, the first
-    step at which RLEP (phase two) reaches it, RLEP's peak, and both final accuracies; plus both curves as a PNG."""
-    def peak(curve):  # the highest accuracy, at its earliest step
-        return max(curve, key=lambda point: (point[1], -point[0])) if curve else None
-
-    def cell(point):
-        return f"{100 * point[1]:.1f} (step {point[0]})" if point else "n/a"
-
-    lines = ["| run | baseline peak | RLEP reaches baseline peak at | RLEP peak | baseline final | RLEP final |",
-             "|---|---|---|---|---|---|"]
-    plot_lines = []
+def compare(run_dirs: list[str], out_png: str) -> str:
+    """rlep.py's baseline-vs-RLEP table of finished runs, and their validation curves as a PNG: a panel per
+    validation metric, a colour per run, the baseline (phase one) dashed and RLEP (phase two) solid."""
+    table = rlep.comparison_table(run_dirs)
+    panels = defaultdict(list)
     for i, run_dir in enumerate(run_dirs):
-        baseline, replay = (read_val_curve(f"{run_dir}/{part}/metrics.jsonl") for part in ("phase1", "phase2"))
-        if not baseline and not replay:
-            raise ValueError(f"{run_dir}: no val_acc in phase1/metrics.jsonl or phase2/metrics.jsonl")
-        config_path = os.path.join(run_dir, "config.json")
-        seed = json.load(open(config_path)).get("seed") if os.path.isfile(config_path) else None
-        name = os.path.basename(os.path.normpath(run_dir)) + ("" if seed is None else f" (seed {seed})")
-        reached = "n/a" if not (baseline and replay) else next(
-            (f"step {step}" for step, acc in replay if acc >= peak(baseline)[1]), "never")
-        lines.append(f"| {name} | {cell(peak(baseline))} | {reached} | {cell(peak(replay))} | "
-                     f"{cell(baseline[-1] if baseline else None)} | {cell(replay[-1] if replay else None)} |")
-        plot_lines += [(f"{name} {label}", [s for s, _ in curve], [a for _, a in curve], style, i)
-                       for label, curve, style in (("baseline", baseline, "--"), ("RLEP", replay, "-")) if curve]
-    note = save_plot(out_png, {"validation accuracy": plot_lines}, "val_acc (%)")
-    return "\n".join(lines) + f"\n\n{note}\n"
+        name = os.path.basename(os.path.normpath(run_dir))
+        for part, label, style in (("phase1", "baseline", "--"), ("phase2", "RLEP", "-")):
+            for key, curve in val_curves(run_dir, part).items():
+                panels[key].append((f"{name} {label}", [s for s, _ in curve], [v for _, v in curve], style, i))
+    return f"{table}\n\n{save_plot(out_png, dict(sorted(panels.items())), 'validation avg@k (%)')}\n"
 
 
 def parse_args(argv=None):
@@ -244,9 +250,9 @@ def parse_args(argv=None):
     parser.add_argument("--max_new_tokens", type=int, default=3072, help="clamped to the model's context")
     parser.add_argument("--max_prompt_len", type=int, default=1024)
     parser.add_argument("--prompt_template", default=rlep.dapo_template, help="for plain {problem, answer} rows")
-    parser.add_argument("--verify_mode", default="default", choices=["default", "dapo"])
+    parser.add_argument("--stop_token", default="", help="as rlep.py's: '' ends responses at the tokenizer's EOS")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default=None, help="default: bfloat16 on GPU, float32 on CPU")
+    parser.add_argument("--dtype", default="auto", help="auto: bfloat16 on GPUs and CPUs with native bf16")
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.85)
     parser.add_argument("--chunk_problems", type=int, default=64, help="problems sampled between two saves")
     args = parser.parse_args(argv)
@@ -257,18 +263,19 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.compare:
-        os.makedirs(args.out_dir, exist_ok=True)
-        print(compare_phases(args.compare, os.path.join(args.out_dir, "compare.png")))
-        return
-    try:  # a bad file or row stops here, with the file, row and reason, before any engine starts
+    try:  # a bad file, row or run stops here, with the file, row and reason, before any engine starts
+        if args.compare:  # finished runs only: no engine
+            os.makedirs(args.out_dir, exist_ok=True)
+            print(compare(args.compare, os.path.join(args.out_dir, "compare.png")))
+            return
         benchmarks = load_benchmarks(args.data)
         models = args.model + [p for run_dir in args.run_dir for p in run_checkpoints(run_dir)]
         if len({repr(architecture(m)) for m in models}) > 1:  # one engine serves them all
             raise ValueError("the models differ in architecture: evaluate them in separate calls")
+        rlep.end_token_id(AutoTokenizer.from_pretrained(models[0]), args.stop_token)  # a bad --stop_token stops now
     except (ValueError, OSError) as e:
         raise SystemExit(f"eval.py: {e}")
-    d, llm = rlep.setup_distributed(), None
+    d, engine = rlep.setup_distributed(), None
     try:
         # several checkpoints: one subfolder each, named like the run's phase*/step_* folders
         subs = [os.path.join(*os.path.normpath(m).split(os.sep)[-2:]) if len(models) > 1 else "" for m in models]
@@ -276,15 +283,15 @@ def main(argv=None):
             raise SystemExit(f"eval.py: two models would share an output folder: {subs}")
         results_by_model = {}
         for model_dir, sub in zip(models, subs):
-            results, llm = evaluate(model_dir, benchmarks, args, d, os.path.join(args.out_dir, sub), llm)
+            results, engine = evaluate(model_dir, benchmarks, args, d, os.path.join(args.out_dir, sub), engine)
             results_by_model[model_dir] = results
             if d.master_process:
-                print(f"\n{model_dir} (k={args.k}, {args.verify_mode} grading)\n{format_table(results)}")
+                print(f"\n{model_dir} (k={args.k}, both rules)\n{format_table(results)}")
         if len(models) > 1 and d.master_process:
             print(write_curve(args.out_dir, results_by_model, args.k))
     finally:
-        if llm is not None:  # vLLM's teardown closes its process groups, the one torchrun's ranks share included
-            llm.llm_engine.engine_core.shutdown()
+        if engine is not None:  # vLLM's teardown closes its process groups, torchrun's shared one included
+            engine.shutdown()
         if d.ddp and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 

@@ -14,6 +14,16 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The tiny preset's model, built once per test session (5 s) into a temporary cache."""
-    import rlep
+    import builtin
     cache = tmp_path_factory.mktemp("cache")
-    return rlep.resolve_model("builtin:tiny", str(cache), rlep.Dist(False, 0, 1, None, True))
+    return builtin.resolve_model("builtin:tiny", str(cache))
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_model):
+    """One vLLM-CPU engine on the tiny model for every in-process test: vLLM's parallel state is process-wide, so a
+    second engine's teardown would break the first. Tests push the weights they need before generating."""
+    import torch
+    import rlep
+    cfg = rlep.parse_config(["--preset", "tiny"])
+    return rlep.build_engine(cfg, tiny_model, rlep.Dist(False, 0, 1, torch.device("cpu"), True))

