@@ -185,11 +185,11 @@ def budget(model, ranks, gpu_gib):
                 4 * chunk + 8 * vh),
          "ctx": ("CUDA context + NCCL (est.)", 1.5 * gib), "VS": ("vLLM asleep, level 2 (est.)", 1.5 * gib),
          "VW": ("vLLM bf16 weights, 2 B x P (awake alone during a push: KV cache woken after)", 2 * params),
-         "PT": (f"push transient, largest param ({largest / 1e6:.0f} M): full fp32 + bf16 (6 B); rlep's check's "
-                ".double(): 2 + 8 B", 10 * largest),
+         "PT": (f"push transient, largest param ({largest / 1e6:.0f} M): full fp32 + bf16 copy, 6 B (the check's "
+                "float64 sum makes no copy)", 6 * largest),
          "SV": ("checkpoint save, vLLM awake: one full fp32 param gathered, 4 B x largest", 4 * largest),
-         "BP": ("policy build: rlep.build_policy moves the whole fp32 model to the GPU before fully_shard, 4 B x P",
-                4 * params)}
+         "BP": ("policy build: fully_shard moves one unit at a time to the GPU, the largest (root), 4 B x root",
+                4 * root)}
     t = {k: (label, size / gib) for k, (label, size) in t.items()}
     kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2
     return t, dict(params=params, seq=seq, kv_seq_gib=kv_token * seq / gib, kv_token=kv_token, gpu_gib=gpu_gib)
@@ -251,8 +251,7 @@ def verdict(name, model, args) -> str:
     return (head + f"DOES NOT FIT within {limit:.0f} GiB, not even with one sequence in flight (GiB: "
             f"{over(args.ranks)}); " +
             (f"on {more} ranks: {setting(more)}" if more else f"on no rank count up to 64 (64 ranks, GiB: {over(64)}): "
-             "rlep's one vLLM engine per GPU (TP 1) holds all the bf16 weights" + (
-                 ", and build_policy puts the whole fp32 model on each GPU" if "build" in over(64) else "")))
+             "rlep's one vLLM engine per GPU (TP 1) holds all the bf16 weights"))
 
 
 def print_budget(name, model, args):
@@ -292,7 +291,8 @@ def main(argv=None):
     parser.add_argument("--autocast_cache", action=argparse.BooleanOptionalAction, default=False,
                         help="autocast's cache of bf16 weight copies (off in rlep.ppo_update)")
     parser.add_argument("--gpu_gib", type=float, default=79.6, help="usable memory of the budget's GPU (H100 80 GB)")
-    parser.add_argument("--gpu_memory_utilization", type=float, default=0.5, help="vLLM's share in the budget")
+    parser.add_argument("--gpu_memory_utilization", type=float, default=rlep.Config.gpu_memory_utilization,
+                        help="vLLM's share in the budget (default: the paper preset's)")
     parser.add_argument("--limit_gib", type=float, default=60.0, help="the verdict's per-GPU limit")
     parser.add_argument("--budget_only", action="store_true", help="print the per-phase budget (meta device), stop")
     args = parser.parse_args(argv)

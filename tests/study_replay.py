@@ -101,7 +101,7 @@ def report(out: str, seeds: list, extra: list):
     se = math.sqrt(np.mean([p * (1 - p) for s in seeds for p in data[s]["baseline"][1]]) / n_val)
     lines += ["", f"Standard error of one avg@{cfg.val_k} point from sampling alone: about {100 * se:.1f} points.", "",
               "Paired differences (same seed, same validation draws), mean [95 % interval over seeds], points:", "",
-              "| difference | peak | final | mean over steps 2-8 |", "|---|---|---|---|"]
+              f"| difference | peak | final | mean over steps {steps[1]}-{steps[-1]} |", "|---|---|---|---|"]
     for a, b in (("rlep", "baseline"), ("rlep", "control"), ("control", "baseline")):
         pa, pb = (np.array(results["arms"][x]["acc"]) for x in (a, b))
         lines.append(f"| {arms[a].split(':')[0]} - {arms[b].split(':')[0]} | {interval(pa.max(1) - pb.max(1))} | "
@@ -111,6 +111,7 @@ def report(out: str, seeds: list, extra: list):
               "arm 3 includes phase one up to the collection checkpoint and the collection itself:", "",
               "| seed | pool prompts | rescued prompt-steps | arm 1 | arm 2 | arm 3 (of which phase one + collection) |",
               "|---|---|---|---|---|---|"]
+    num_train = len(rlep.read_rows(cfg.train_file))
     for s in seeds:
         pool = rlep.read_jsonl(os.path.join(out, f"seed{s}", "collect", "pool.jsonl"))
         progress = rlep.read_jsonl(os.path.join(out, f"seed{s}", "collect", "progress.jsonl"))
@@ -126,11 +127,14 @@ def report(out: str, seeds: list, extra: list):
                 responses, tokens = responses + before[0] + collect_responses, tokens + before[1] + collect_tokens
             cells.append(f"{responses} ({tokens / 1000:.0f}k)")
         rescued = sum(r.get("rescued_prompts", 0) for r in data[s]["rlep"][2])
-        lines.append(f"| {s} | {len(pool)} of {cfg.prompts_per_step * 0 + len(rlep.read_rows(cfg.train_file))} | "
+        lines.append(f"| {s} | {len(pool)} of {num_train} | "
                      f"{rescued} | {cells[0]} | {cells[1]} | {cells[2]} ({before[0] + collect_responses}) |")
-    lines += ["", f"Optimizer steps: {cfg.prompts_per_step} prompts x {cfg.n} fresh = {per_step} sequences per step and "
-              f"mini-batches of {cfg.mini_batch_prompts * cfg.n}: one optimizer step per training step in every arm "
-              f"(phase two's {cfg.prompts_per_step * (cfg.n + cfg.replay_m)} sequences round to one as well)."]
+    updates = [max(1, round(cfg.prompts_per_step * per_prompt / (cfg.mini_batch_prompts * cfg.n)))
+               for per_prompt in (cfg.n, cfg.n + cfg.replay_m)]  # as rlep.ppo_update counts them
+    lines += ["", f"Optimizer steps per training step: {updates[0]} in arms 1 and 2 ({per_step} sequences), "
+              f"{updates[1]} in arm 3 ({cfg.prompts_per_step * (cfg.n + cfg.replay_m)} sequences, mini-batches of "
+              f"{cfg.mini_batch_prompts * cfg.n}): " + ("the same number in every arm." if updates[0] == updates[1]
+                                                         else "arm 3 takes more.")]
     table = "\n".join(lines)
     open(os.path.join(out, "table.md"), "w").write(table + "\n")
     json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1)
