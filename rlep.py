@@ -773,7 +773,7 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
     barrier(d)
 
 # ----------------------------------------------------------------------------------------------------------------
-# Phase two (in run: `train` with replay, from the base model, on the pool's prompts) and main
+# Phase two (`train` with replay=True, from the base model, on the pool's prompts: see main) and main
 def comparison_table(run_dirs: list[str]) -> str:
     """The paper's comparison per run and validation metric: peaks, when RLEP first reaches the baseline's, finals."""
     def cell(point):

@@ -27,3 +27,12 @@ def tiny_engine(tiny_model):
     import rlep
     cfg = rlep.parse_config(["--preset", "tiny"])
     return rlep.build_engine(cfg, tiny_model, rlep.Dist(False, 0, 1, torch.device("cpu"), True))
+
+
+@pytest.fixture
+def free_port():
+    """A local TCP port free right now: for a process group's store or a torchrun rendezvous."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -67,7 +67,7 @@ def test_training_through_the_gpu_call_sequence_keeps_the_logprob_gap_at_float32
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     d = rlep.setup_distributed()
     rows, val_rows = rlep.read_rows(cfg.train_file), rlep.read_rows(cfg.val_file)[:8]
-    sleeping.sleep()  # as run() does: the trainer gets the memory first
+    sleeping.sleep()  # as main() does: the trainer gets the memory first
     rlep.train(cfg, "phase1", rows, sleeping, tokenizer, tokenizer.eos_token_id, tiny_model, d, val_rows)
     calls = sleeping.llm.calls
     push = ["wake weights", "reload_weights", "wake kv_cache"]

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -202,10 +201,8 @@ def test_one_rank_and_two_ranks_train_the_same_weights(two_rank_run, full_run, t
     assert os.listdir(os.path.join(two, "optimizer")) and len(glob.glob(os.path.join(two, "optimizer", "*.distcp"))) == 2
 
 
-def test_two_nodes_on_one_machine_match_two_ranks_on_one(tmp_path, cache_dir, two_rank_run):
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        out, port = tmp_path / "nodes", s.getsockname()[1]
+def test_two_nodes_on_one_machine_match_two_ranks_on_one(tmp_path, cache_dir, two_rank_run, free_port):
+    out, port = tmp_path / "nodes", free_port  # the rendezvous's port
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                                f"--node_rank={i}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
                                os.path.join(repo, "rlep.py"), "--preset", "tiny", "--no-share_prompts",

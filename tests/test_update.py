@@ -3,7 +3,6 @@
 at the step's start in every epoch; a resumed checkpoint hands torch a CPU RNG state.
 Run: python -m pytest -q tests/test_update.py"""
 import copy
-import socket
 
 import numpy as np
 import pytest
@@ -45,24 +44,18 @@ def update(rank, world, port, model_path, cfg, groups, out):
         dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("share_prompts, mini_batch_prompts, num_prompts", [
     (True, 2, 8),   # 4 mini-batches of 2 whole groups: each rank trains on one group of each
     (False, 1, 4),  # 4 mini-batches of 1 group: in each, one rank has nothing and runs a zero-gradient sample
 ])
-def test_one_rank_and_two_ranks_make_the_same_update(tiny_model, tmp_path, share_prompts, mini_batch_prompts,
-                                                     num_prompts):
+def test_one_rank_and_two_ranks_make_the_same_update(tiny_model, tmp_path, free_port, share_prompts,
+                                                     mini_batch_prompts, num_prompts):
     cfg = rlep.parse_config(["--preset", "tiny", "--lr", "1e-3", "--micro_batch_size", "5",
                              "--mini_batch_prompts", str(mini_batch_prompts),
                              "--share_prompts" if share_prompts else "--no-share_prompts"])
     groups = make_groups(num_prompts, cfg.n, seed=3)
     update(0, 1, None, tiny_model, cfg, groups, tmp_path / "one.pt")
-    mp.spawn(update, args=(2, free_port(), tiny_model, cfg, groups, tmp_path / "two.pt"), nprocs=2)
+    mp.spawn(update, args=(2, free_port, tiny_model, cfg, groups, tmp_path / "two.pt"), nprocs=2)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     base = rlep.build_policy(tiny_model, cfg, rlep.Dist(False, 0, 1, cpu, True))[0].model.state_dict()
     moved = sum(((one["weights"][k] - base[k]) ** 2).sum() for k in base).sqrt()
