@@ -1,21 +1,24 @@
-"""
-eval.py: avg@k and pass@k of a checkpoint, or of every checkpoint of a run, on math benchmarks (AIME-2024,
-AIME-2025, AMC-2023, MATH-500: any JSONL or parquet file in the DAPO schema or with {"problem", "answer"} rows).
-
-The protocol is the paper's (RLEP_SPEC.md section 4): k = 32 samples per problem at temperature 1.0 and top-p
-1.0, up to 3072 new tokens, the training prompt template, ending at the EOS (or --stop_token) as in training.
-avg@k is the mean accuracy over all (problem, sample) pairs; pass@k is the unbiased estimate of solving a problem
-with at least one of k samples. Duplicated rows (DAPO's AIME file repeats each problem 32x) count once.
-Both rules of verify.py grade every response (so no --verify_mode): "dapo", the paper's exact match of the last
-`Answer:` line in the last 300 characters (a \boxed{}-only answer is wrong), and "default", our equivalence
-checker. Records hold "correct": {"dapo": [...], "default": [...]}; results.json per benchmark {"dapo": {avg@k,
-pass@1, 2, 4, ...}, "default": {...}, "mean_length", "no_answer" (none extracted by the equivalence checker)};
-the table a row per rule, "paper (dapo)" and "equivalence": their gap is what the string match under-counts.
-Outputs, in --out_dir (a subfolder per checkpoint when there are several): samples.jsonl, results.json,
-settings.json, curve.csv (+ curve.png) of avg@k against training step. Re-running skips finished problems.
-    python eval.py --model runs/paper/phase2/step_000320 --data aime-2024.parquet --data aime-2025.parquet
+r"""
+eval.py: avg@k and pass@k of a checkpoint, or of every checkpoint of a run, on math benchmarks
+(AIME-2024, AIME-2025, AMC-2023, MATH-500: JSONL or parquet, DAPO schema or {"problem", "answer"}).
+The protocol is the paper's (RLEP_SPEC.md section 4): k = 32 samples per problem at temperature 1.0
+and top-p 1.0, up to 3072 new tokens, the training prompt template, ending at the EOS (or
+--stop_token) as in training. avg@k: the mean accuracy over all (problem, sample) pairs; pass@k: the
+unbiased estimate of solving a problem with at least one of k samples. Duplicated rows (DAPO's AIME
+file repeats each problem 32x) count once.
+Both rules of verify.py grade every response (so no --verify_mode): "dapo", the paper's exact match
+of the last `Answer:` line in the last 300 characters (a \boxed{}-only answer is wrong), and
+"default", our equivalence checker. Records hold "correct": {"dapo": [...], "default": [...]};
+results.json per benchmark {"dapo": {avg@k, pass@1, 2, 4, ...}, "default": {...}, "mean_length",
+"no_answer" (none extracted by the equivalence checker)}; the table a row per rule, "paper (dapo)"
+and "equivalence": their gap is what the string match under-counts.
+Outputs, in --out_dir (a subfolder per checkpoint when there are several): samples.jsonl,
+results.json, settings.json, curve.csv (+ curve.png) of avg@k against training step. Re-running
+skips finished problems.
+    python eval.py --model runs/paper/phase2/step_000320 \
+        --data aime-2024.parquet --data aime-2025.parquet
     torchrun --standalone --nproc_per_node=8 eval.py --run_dir runs/paper --data aime-2024.parquet
-    python eval.py --compare runs/seed1 runs/seed2  # rlep.comparison_table + compare.png of finished runs
+    python eval.py --compare runs/seed1 runs/seed2  # rlep.comparison_table and compare.png
 """
 import rlep  # first: it sets vLLM's environment before torch is imported
 
@@ -26,41 +29,46 @@ import json
 import math
 import os
 import re
-from collections import defaultdict
 
 import numpy as np
 import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
+import data
 import verify
 
-rules = {"dapo": "paper (dapo)", "default": "equivalence"}  # verify.verify's modes, and their names in tables
+# verify.verify's modes, and their names in tables
+rules = {"dapo": "paper (dapo)", "default": "equivalence"}
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Metrics
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021).
-    The ratio is prod_{i=n-c+1}^{n} (1 - k/i): no huge binomials, and 0 when n - c < k (the factor i = k)."""
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k)
+    (Chen et al., 2021). The ratio is prod_{i=n-c+1}^{n} (1 - k/i): no huge binomials, and 0 when
+    n - c < k (the factor i = k)."""
     if not 0 <= c <= n or not 1 <= k <= n:
         raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def summarize(records: list[dict], ks: list[int] = None) -> dict:
-    """Benchmark metrics from samples.jsonl records, under each rule: avg@n over all (problem, sample) pairs and
-    mean pass@k over problems; then the mean response length in tokens (stop token included) and the share of
-    responses with no answer the equivalence checker can extract."""
+def summarize(records: list[dict], ks: list[int] | None = None) -> dict:
+    """Benchmark metrics from samples.jsonl records: under each rule, avg@n over all (problem,
+    sample) pairs and mean pass@k over problems; the mean response length in tokens (stop token
+    included); the share of responses with no answer the equivalence checker can extract."""
     n = min(len(r["lengths"]) for r in records)
     metrics = {"problems": len(records), "samples_per_problem": n}
+    ks = ks or [2 ** i for i in range(int(math.log2(n)) + 1)]  # 1, 2, 4, ..., n
     for rule in rules:
         verdicts = [r["correct"][rule] for r in records]
         metrics[rule] = {f"avg@{n}": float(np.mean([c for v in verdicts for c in v]))}
-        for k in ks or [2 ** i for i in range(int(math.log2(n)) + 1)]:  # 1, 2, 4, ..., n
-            metrics[rule][f"pass@{k}"] = float(np.mean([pass_at_k(len(v), sum(v), k) for v in verdicts]))
-    metrics["mean_length"] = float(np.mean([length for r in records for length in r["lengths"]]))
+        for k in ks:
+            pass_rates = [pass_at_k(len(v), sum(v), k) for v in verdicts]
+            metrics[rule][f"pass@{k}"] = float(np.mean(pass_rates))
+    lengths = [length for r in records for length in r["lengths"]]
+    metrics["mean_length"] = float(np.mean(lengths))
     metrics["no_answer"] = float(np.mean([a is None for r in records for a in r["answers"]]))
     return metrics
 
@@ -68,90 +76,109 @@ def summarize(records: list[dict], ks: list[int] = None) -> dict:
 def format_table(results: dict) -> str:
     """A markdown table, one row per benchmark and rule; accuracies in percent."""
     metric_names = list(next(iter(results.values()))[next(iter(rules))])
-    lines = ["| benchmark | rule | problems | " + " | ".join(metric_names) + " | mean length | no answer |",
-             "|---" * (len(metric_names) + 5) + "|"]
+    header = ["benchmark", "rule", "problems", *metric_names, "mean length", "no answer"]
+    lines = ["| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for name, m in results.items():
         for rule, label in rules.items():
-            cells = [name, label, str(m["problems"])] + [f"{100 * m[rule][k]:.1f}" for k in metric_names]
-            lines.append("| " + " | ".join(cells + [f"{m['mean_length']:.1f}", f"{100 * m['no_answer']:.1f}%"]) + " |")
+            accuracies = [f"{100 * m[rule][k]:.1f}" for k in metric_names]
+            cells = [name, label, str(m["problems"]), *accuracies]
+            cells += [f"{m['mean_length']:.1f}", f"{100 * m['no_answer']:.1f}%"]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Sampling, chunk by chunk, appended to samples.jsonl so that a stopped evaluation resumes
 
 def load_benchmarks(paths: list[str]) -> dict[str, list[dict]]:
-    """{benchmark name (the file name without extension): de-duplicated rows}, read before any engine starts."""
+    """{file name without extension: de-duplicated rows}, read before any engine starts."""
     benchmarks = {}
     for path in paths:
         rows = rlep.read_rows(path)
         stem = os.path.basename(path).split(".")[0]
         sources = list(dict.fromkeys(row.get("data_source") for row in rows))
-        for source in sources:  # a file of several data sources (RLEP's AIME-24 + AIME-25 + AMC-23) is split
+        # a file of several data sources (RLEP's AIME-24 + AIME-25 + AMC-23) is split
+        for source in sources:
             name = stem if len(sources) == 1 else f"{stem}/{source}"
             if name in benchmarks:
-                raise ValueError(f"{path}: another data file is also called {name!r}; rename one of them")
+                raise ValueError(
+                    f"{path}: another data file is also called {name!r}; rename one of them")
             benchmarks[name] = [row for row in rows if row.get("data_source") == source]
     return benchmarks
 
 
 def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
-    """The engine and sampling settings, with new tokens clamped so prompt + response fit the model's context
-    (Qwen2.5-Math-7B: 1024 + 3072 = 4096, the paper's). A context shorter than twice the prompt budget is halved."""
+    """The engine and sampling settings, with new tokens clamped so prompt + response fit the
+    model's context (Qwen2.5-Math-7B: 1024 + 3072 = 4096, the paper's). A context shorter than twice
+    the prompt budget is halved."""
     context = AutoConfig.from_pretrained(model_dir).max_position_embeddings
     prompt_len = min(args.max_prompt_len, context // 2)
     new_tokens = min(args.max_new_tokens, context - prompt_len)
-    dtype = rlep.resolve_dtype(args.dtype, d.device)[0]  # as rlep.py: bf16 where the hardware has it
-    # "default": the costly rule grades in sample_and_grade, each rank its share; grade_both adds the paper's
-    return rlep.Config(model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
-                       max_prompt_len=prompt_len, max_response_len=new_tokens, stop_token=args.stop_token,
-                       prompt_template=args.prompt_template, verify_mode="default", seed=args.seed,
-                       dtype=dtype, gpu_memory_utilization=args.gpu_memory_utilization)
+    dtype = rlep.resolve_dtype(args.dtype, d.device)[0]  # bf16 where the hardware has it
+    # "default", the costly rule, grades in sample_and_grade, rank by rank; grade_both adds "dapo"
+    return rlep.Config(
+        model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
+        max_prompt_len=prompt_len, max_response_len=new_tokens, stop_token=args.stop_token,
+        prompt_template=args.prompt_template, verify_mode="default", seed=args.seed,
+        dtype=dtype, gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 def grade_both(record: dict) -> dict:
-    """A sample_and_grade record (graded by the equivalence checker) with the verdicts of both rules."""
+    """A sample_and_grade record (graded by the equivalence checker) with both rules' verdicts."""
     paper = [verify.verify(t, record["gold"], mode="dapo") for t in record["responses"]]
     return {**record, "correct": {"dapo": paper, "default": record["correct"]}}
 
 
-def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str, engine=None) -> tuple:
-    """Sample args.k responses per unfinished problem, append them to samples.jsonl, write results.json.
-    Returns the results and the engine: built on first need, then reused, loading each model's weights."""
+def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str, engine=None):
+    """Sample args.k responses per unfinished problem into samples.jsonl, write results.json.
+    Returns the results and the engine (built once, then reused with each model's weights)."""
     cfg = make_config(args, model_dir, d)
-    settings = {"model": os.path.abspath(model_dir), "k": args.k, "temperature": cfg.temperature, "top_p": cfg.top_p,
-                "max_new_tokens": cfg.max_response_len, "max_prompt_len": cfg.max_prompt_len, "seed": cfg.seed,
-                "prompt_template": cfg.prompt_template, "stop_token": cfg.stop_token, "rules": list(rules)}
-    samples_path, settings_path = os.path.join(out_dir, "samples.jsonl"), os.path.join(out_dir, "settings.json")
+    settings = {"model": os.path.abspath(model_dir), "k": args.k, "temperature": cfg.temperature,
+                "top_p": cfg.top_p, "max_new_tokens": cfg.max_response_len,
+                "max_prompt_len": cfg.max_prompt_len, "seed": cfg.seed,
+                "prompt_template": cfg.prompt_template, "stop_token": cfg.stop_token,
+                "rules": list(rules)}
+    samples_path = os.path.join(out_dir, "samples.jsonl")
+    settings_path = os.path.join(out_dir, "settings.json")
     old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
     changed = sorted(key for key in settings if old.get(key) != settings[key])
     if changed:
-        raise ValueError(f"{out_dir}: samples made with other settings ({', '.join(changed)}); use another --out_dir")
-    done = {(r["benchmark"], r["id"]): r for r in rlep.read_jsonl(samples_path)}  # drops a killed run's torn line
+        raise ValueError(f"{out_dir}: samples made with other settings ({', '.join(changed)}); "
+                         "use another --out_dir")
+
+    # read_jsonl drops a killed run's torn last line; rank 0 rewrites the file without it
+    done = {(r["benchmark"], r["id"]): r for r in rlep.read_jsonl(samples_path)}
     rlep.barrier(d)  # every rank has read the file before rank 0 rewrites it
     if d.master_process:
         os.makedirs(out_dir, exist_ok=True)
         rlep.write_atomic(settings_path, json.dumps(settings, indent=2))
-        rlep.write_atomic(samples_path, "".join(json.dumps(r) + "\n" for r in done.values()))  # no torn line
-    todo = {name: [row for row in rows if (name, row["id"]) not in done] for name, rows in benchmarks.items()}
+        rlep.write_atomic(samples_path, "".join(json.dumps(r) + "\n" for r in done.values()))
+    todo = {name: [row for row in rows if (name, row["id"]) not in done]
+            for name, rows in benchmarks.items()}
     if any(todo.values()):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        stop_ids = [rlep.end_token_id(tokenizer, cfg.stop_token)]  # vLLM also stops on the model's EOS ids
+        stop_ids = [rlep.end_token_id(tokenizer, cfg.stop_token)]  # vLLM also stops on EOS ids
         if engine is None:
             engine = rlep.build_engine(cfg, model_dir, d)
-        else:  # one engine per process: tearing one down closes the process group that torchrun's ranks share
-            engine.load(path=model_dir)  # also drops the cached prompt KV of the previous weights
+        else:
+            # one engine per process: tearing one down closes the process group that torchrun's
+            # ranks share. Loading also drops the cached prompt KV of the previous weights.
+            engine.load(path=model_dir)
     for name, rows in todo.items():
         chunks = range(0, len(rows), args.chunk_problems)
-        for start in tqdm(chunks, desc=f"{name} ({len(rows)} to sample)", disable=not d.master_process or not rows):
-            # the seed depends on the row only: a resumed run samples what the uninterrupted run would have
-            records = rlep.sample_and_grade(engine, tokenizer, rows[start:start + args.chunk_problems], args.k,
-                                            cfg, stop_ids, d, (cfg.seed, "eval"))
+        desc = f"{name} ({len(rows)} to sample)"
+        for start in tqdm(chunks, desc=desc, disable=not d.master_process or not rows):
+            chunk = rows[start:start + args.chunk_problems]
+            # seeds depend on the row only: a resumed run samples what an uninterrupted one would
+            records = rlep.sample_and_grade(engine, tokenizer, chunk, args.k, cfg, stop_ids, d,
+                                            (cfg.seed, "eval"))
             records = [{"benchmark": name, **grade_both(r)} for r in records]
             if d.master_process:
-                rlep.append_jsonl(samples_path, records)  # a kill now loses nothing sampled so far
+                rlep.append_jsonl(samples_path, records)  # a kill now loses nothing sampled
             done.update(((name, r["id"]), r) for r in records)
-    results = {name: summarize([done[(name, row["id"])] for row in rows]) for name, rows in benchmarks.items()}
+
+    results = {name: summarize([done[(name, row["id"])] for row in rows])
+               for name, rows in benchmarks.items()}
     if d.master_process:
         rlep.write_atomic(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
     return results, engine
@@ -159,12 +186,13 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
 
 def architecture(model_dir: str) -> list:
     config = AutoConfig.from_pretrained(model_dir)
-    return [getattr(config, key, None) for key in ("architectures", "vocab_size", "hidden_size", "num_hidden_layers",
-                                                    "intermediate_size", "max_position_embeddings")]
+    keys = ("architectures", "vocab_size", "hidden_size", "num_hidden_layers",
+            "intermediate_size", "max_position_embeddings")
+    return [getattr(config, key, None) for key in keys]
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Curves: avg@k of a run's checkpoints against training step, and baseline vs RLEP validation curves
+# --------------------------------------------------------------------------------------------------
+# Curves: avg@k of checkpoints against training step; baseline vs RLEP validation curves
 
 def checkpoint_step(model_dir: str) -> int | None:
     match = re.fullmatch(r"step_(\d+)", os.path.basename(os.path.normpath(model_dir)))
@@ -172,89 +200,74 @@ def checkpoint_step(model_dir: str) -> int | None:
 
 
 def run_checkpoints(run_dir: str) -> list[str]:
-    """Every finished checkpoint of an rlep.py run (a crashed save leaves a .tmp folder, which is skipped)."""
-    found = [p for p in glob.glob(os.path.join(run_dir, "phase*", "step_*")) if checkpoint_step(p) is not None]
+    """Every finished checkpoint of an rlep.py run (a crashed save's .tmp folder is skipped)."""
+    candidates = glob.glob(os.path.join(run_dir, "phase*", "step_*"))
+    found = [p for p in candidates if checkpoint_step(p) is not None]
     if not found:
         raise ValueError(f"{run_dir}: no checkpoints (phase*/step_NNNNNN folders)")
     return sorted(found, key=lambda p: (os.path.dirname(p), checkpoint_step(p)))
 
 
-def save_plot(path: str, panels: dict, ylabel: str) -> str:
-    """panels: {title: [(label, steps, values, linestyle, colour index)]}, one subplot each. Returns a note."""
-    try:
-        import matplotlib.pyplot as plt  # picks a file-only backend on machines without a display
-    except ImportError:
-        return f"no plot ({path}): matplotlib is not installed"
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False, layout="constrained")
-    for ax, (title, lines) in zip(axes[0], panels.items()):
-        for label, steps, values, style, colour in lines:
-            ax.plot(steps, [100 * v for v in values], style, color=f"C{colour}", marker=".", label=label)
-        ax.set(title=title, xlabel="training step", ylabel=ylabel)
-        ax.legend()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return f"plot: {path}"
-
-
 def write_curve(out_dir: str, results_by_model: dict, k: int) -> str:
-    """curve.csv (one row per checkpoint, one avg@k column per benchmark and rule) and curve.png (a panel per
-    benchmark, a colour per phase; the paper's rule dashed, the equivalence checker solid), as the paper's figures."""
-    points = [(os.path.basename(os.path.dirname(os.path.normpath(m))), checkpoint_step(m), m, results)
-              for m, results in results_by_model.items() if checkpoint_step(m) is not None]
-    benchmarks, metric = list(next(iter(results_by_model.values()))), f"avg@{k}"
+    """curve.csv (one row per checkpoint, one avg@k column per benchmark and rule) and curve.png
+    (a panel per benchmark, a colour per phase; the paper's rule dashed, the equivalence checker
+    solid), as the paper's figures."""
+    metric = f"avg@{k}"
+    benchmarks = list(next(iter(results_by_model.values())))
+    columns = [(b, rule) for b in benchmarks for rule in rules]
+    points = [(os.path.basename(os.path.dirname(os.path.normpath(m))), checkpoint_step(m), m, r)
+              for m, r in results_by_model.items() if checkpoint_step(m) is not None]
+    header = ["phase", "step", "model"] + [f"{b} {rule} {metric}" for b, rule in columns]
     with open(os.path.join(out_dir, "curve.csv"), "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["phase", "step", "model"] + [f"{b} {rule} {metric}" for b in benchmarks for rule in rules])
-        for phase, step, model, results in points:
-            writer.writerow([phase, step, model] + [results[b][rule][metric] for b in benchmarks for rule in rules])
-    phases = sorted({p[0] for p in points})
-    panels = {b: [(f"{phase} {label}", [s for ph, s, _, _ in points if ph == phase],
-                   [r[b][rule][metric] for ph, _, _, r in points if ph == phase], "--" if rule == "dapo" else "-", i)
-                  for i, phase in enumerate(phases) for rule, label in rules.items()] for b in benchmarks}
-    return save_plot(os.path.join(out_dir, "curve.png"), panels, f"{metric} (%)")
+        writer.writerow(header)
+        for phase, step, model, r in points:
+            writer.writerow([phase, step, model] + [r[b][rule][metric] for b, rule in columns])
 
-
-def val_curves(run_dir: str, part: str) -> dict:
-    """{validation metric (val_acc, val_acc/<data_source>): [(step, value)]} of an rlep.py part's metrics.jsonl."""
-    found = defaultdict(dict)
-    for row in rlep.read_jsonl(os.path.join(run_dir, part, "metrics.jsonl")):
-        for key, value in row.items():
-            if key.startswith("val_acc") and value is not None:
-                found[key][row["step"]] = value
-    return {key: sorted(points.items()) for key, points in found.items()}
+    panels = {b: [] for b in benchmarks}
+    for i, phase in enumerate(sorted({p[0] for p in points})):
+        steps = [step for ph, step, _, _ in points if ph == phase]
+        for b, rule in columns:
+            values = [r[b][rule][metric] for ph, _, _, r in points if ph == phase]
+            style = "--" if rule == "dapo" else "-"
+            panels[b].append((f"{phase} {rules[rule]}", steps, values, style, i))
+    return data.save_plot(os.path.join(out_dir, "curve.png"), panels, f"{metric} (%)")
 
 
 def compare(run_dirs: list[str], out_png: str) -> str:
-    """rlep.py's baseline-vs-RLEP table of finished runs, and their validation curves as a PNG: a panel per
-    validation metric, a colour per run, the baseline (phase one) dashed and RLEP (phase two) solid."""
-    table = rlep.comparison_table(run_dirs)
-    panels = defaultdict(list)
-    for i, run_dir in enumerate(run_dirs):
-        name = os.path.basename(os.path.normpath(run_dir))
-        for part, label, style in (("phase1", "baseline", "--"), ("phase2", "RLEP", "-")):
-            for key, curve in val_curves(run_dir, part).items():
-                panels[key].append((f"{name} {label}", [s for s, _ in curve], [v for _, v in curve], style, i))
-    return f"{table}\n\n{save_plot(out_png, dict(sorted(panels.items())), 'validation avg@k (%)')}\n"
+    """rlep.py's baseline-vs-RLEP table of finished runs and their validation curves (the
+    figure a run draws at its end, data.plot_comparison), for several runs at once."""
+    return f"{data.comparison_table(run_dirs)}\n\n{data.plot_comparison(run_dirs, out_png)}\n"
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description="avg@k and pass@k of checkpoints on math benchmarks")
-    parser.add_argument("--model", action="append", default=[], help="model or checkpoint folder (repeatable)")
-    parser.add_argument("--run_dir", action="append", default=[], help="an rlep.py run: all its checkpoints")
-    parser.add_argument("--data", action="append", default=[], help="benchmark .jsonl/.parquet file (repeatable)")
-    parser.add_argument("--compare", nargs="+", metavar="RUN_DIR", help="only compare baseline and RLEP curves")
+    parser = argparse.ArgumentParser(
+        description="avg@k and pass@k of checkpoints on math benchmarks")
+    parser.add_argument("--model", action="append", default=[],
+                        help="model or checkpoint folder (repeatable)")
+    parser.add_argument("--run_dir", action="append", default=[],
+                        help="an rlep.py run: all its checkpoints")
+    parser.add_argument("--data", action="append", default=[],
+                        help="benchmark .jsonl/.parquet file (repeatable)")
+    parser.add_argument("--compare", nargs="+", metavar="RUN_DIR",
+                        help="only compare baseline and RLEP curves")
     parser.add_argument("--out_dir", default="runs/eval")
     parser.add_argument("--k", type=int, default=32, help="samples per problem")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top_p", type=float, default=1.0)
-    parser.add_argument("--max_new_tokens", type=int, default=3072, help="clamped to the model's context")
+    parser.add_argument("--max_new_tokens", type=int, default=3072,
+                        help="clamped to the model's context")
     parser.add_argument("--max_prompt_len", type=int, default=1024)
-    parser.add_argument("--prompt_template", default=rlep.dapo_template, help="for plain {problem, answer} rows")
-    parser.add_argument("--stop_token", default="", help="as rlep.py's: '' ends responses at the tokenizer's EOS")
+    parser.add_argument("--prompt_template", default=rlep.dapo_template,
+                        help="for plain {problem, answer} rows")
+    parser.add_argument("--stop_token", default="",
+                        help="as rlep.py's: '' ends responses at the tokenizer's EOS")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="auto", help="auto: bfloat16 on GPUs and CPUs with native bf16")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto: bfloat16 on GPUs and CPUs with native bf16")
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.85)
-    parser.add_argument("--chunk_problems", type=int, default=64, help="problems sampled between two saves")
+    parser.add_argument("--chunk_problems", type=int, default=64,
+                        help="problems sampled between two saves")
     args = parser.parse_args(argv)
     if not args.compare and not (args.data and (args.model or args.run_dir)):
         parser.error("give --data and --model or --run_dir (or --compare RUN_DIR ...)")
@@ -263,7 +276,8 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    try:  # a bad file, row or run stops here, with the file, row and reason, before any engine starts
+    # a bad file, row, run or --stop_token stops here, with its reason, before any engine starts
+    try:
         if args.compare:  # finished runs only: no engine
             os.makedirs(args.out_dir, exist_ok=True)
             print(compare(args.compare, os.path.join(args.out_dir, "compare.png")))
@@ -272,25 +286,30 @@ def main(argv=None):
         models = args.model + [p for run_dir in args.run_dir for p in run_checkpoints(run_dir)]
         if len({repr(architecture(m)) for m in models}) > 1:  # one engine serves them all
             raise ValueError("the models differ in architecture: evaluate them in separate calls")
-        rlep.end_token_id(AutoTokenizer.from_pretrained(models[0]), args.stop_token)  # a bad --stop_token stops now
+        rlep.end_token_id(AutoTokenizer.from_pretrained(models[0]), args.stop_token)
     except (ValueError, OSError) as e:
         raise SystemExit(f"eval.py: {e}")
-    d, engine = rlep.setup_distributed(), None
+    d = rlep.setup_distributed()
+    engine = None
     try:
         # several checkpoints: one subfolder each, named like the run's phase*/step_* folders
-        subs = [os.path.join(*os.path.normpath(m).split(os.sep)[-2:]) if len(models) > 1 else "" for m in models]
+        subs = [""]
+        if len(models) > 1:
+            subs = [os.path.join(*os.path.normpath(m).split(os.sep)[-2:]) for m in models]
         if len(set(subs)) < len(subs):
             raise SystemExit(f"eval.py: two models would share an output folder: {subs}")
         results_by_model = {}
         for model_dir, sub in zip(models, subs):
-            results, engine = evaluate(model_dir, benchmarks, args, d, os.path.join(args.out_dir, sub), engine)
+            out_dir = os.path.join(args.out_dir, sub)
+            results, engine = evaluate(model_dir, benchmarks, args, d, out_dir, engine)
             results_by_model[model_dir] = results
             if d.master_process:
                 print(f"\n{model_dir} (k={args.k}, both rules)\n{format_table(results)}")
         if len(models) > 1 and d.master_process:
             print(write_curve(args.out_dir, results_by_model, args.k))
     finally:
-        if engine is not None:  # vLLM's teardown closes its process groups, torchrun's shared one included
+        # vLLM's teardown closes its process groups, torchrun's shared one included
+        if engine is not None:
             engine.shutdown()
         if d.ddp and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

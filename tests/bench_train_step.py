@@ -1,37 +1,48 @@
-"""Benchmark rlep.py's training step on one accelerator (memory, tokens/s, MFU), and print the per-GPU memory budget
-of the paper preset under FSDP2 on N ranks, with rlep's vLLM engine on the same GPUs.
+"""Benchmark rlep.py's training step on one accelerator (memory, tokens/s, MFU), and print the
+per-GPU memory budget of the paper preset under FSDP2 on N ranks, with rlep's vLLM engine on the
+same GPUs.
 
-    python tests/bench_train_step.py --model 7b                      # GPU, world size 1: needs ~130 GiB (an H200)
-    python tests/bench_train_step.py --model 7b --peak_tflops 790    # MFU against an H200's measured dense bf16
-    OMP_NUM_THREADS=1 python tests/bench_train_step.py --model 7b --budget_only    # also 14b, 32b; meta device
+    # GPU, world size 1: needs ~130 GiB (an H200)
+    python tests/bench_train_step.py --model 7b
+    # MFU against an H200's measured dense bf16
+    python tests/bench_train_step.py --model 7b --peak_tflops 790
+    # the budget on the meta device; also 14b, 32b
+    OMP_NUM_THREADS=1 python tests/bench_train_step.py --model 7b --budget_only
     OMP_NUM_THREADS=1 python tests/bench_train_step.py --model 32b --budget_only --ranks 16
-    OMP_NUM_THREADS=1 python tests/bench_train_step.py --model tiny                # CPU smoke run, seconds
+    # CPU smoke run, seconds
+    OMP_NUM_THREADS=1 python tests/bench_train_step.py --model tiny
 
-The policy comes from rlep.build_policy itself, single-process (rlep.Dist(False, 0, 1, device, True)): fp32 master
-weights, train mode, gradient checkpointing (non-reentrant), rlep.TokenLogProbs, AdamW. Only its from_pretrained is
-swapped for from_config on the target device (random weights of the Qwen2.5 shape; nothing downloaded, no 15-30 GB
-checkpoint written and read back). Batches: rlep.collate (paper preset: 2-D attention masks). Per micro-batch size,
-rlep.ppo_update's stages: old-log-prob pass (no_grad, bf16 autocast without weight cache); a mini-batch of two fwd +
-policy_loss + bwd (the first creates the grads, the second adds); clip_grad_norm_, AdamW step, zero_grad.
+The policy comes from rlep.build_policy itself, single-process
+(rlep.Dist(False, 0, 1, device, True)): fp32 master weights, train mode, gradient checkpointing
+(non-reentrant), rlep.TokenLogProbs, AdamW. Only its from_pretrained is swapped for from_config on
+the target device (random weights of the Qwen2.5 shape; nothing downloaded, no 15-30 GB checkpoint
+written and read back). Batches: rlep.collate (paper preset: 2-D attention masks). Per micro-batch
+size, rlep.ppo_update's stages: old-log-prob pass (no_grad, bf16 autocast without weight cache); a
+mini-batch of two fwd + policy_loss + bwd (the first creates the grads, the second adds);
+clip_grad_norm_, AdamW step, zero_grad.
 
-World size 1, no FSDP: this process holds the WHOLE model, grads and AdamW state (16 B x 7.6 B = 113 GiB for 7B);
-FSDP2's all-gathers and reduce-scatters are not timed. If 20 B/param (those + foreach AdamW's fp32 temporary) would
-not fit the card, AdamW runs per parameter (printed). The "step" row divides clip+step by --ranks (one rank's share,
-est.) and counts 7/8 of an old-logp pass (the first of a step's 8 mini-batches uses its own log-probs).
+World size 1, no FSDP: this process holds the WHOLE model, grads and AdamW state
+(16 B x 7.6 B = 113 GiB for 7B); FSDP2's all-gathers and reduce-scatters are not timed. If
+20 B/param (those + foreach AdamW's fp32 temporary) would not fit the card, AdamW runs per parameter
+(printed). The "step" row divides clip+step by --ranks (one rank's share, est.) and counts 7/8 of an
+old-logp pass (the first of a step's 8 mini-batches uses its own log-probs).
 
---budget_only: per-GPU GiB of each phase of rlep under FSDP2 on --ranks, from the shapes on the meta device, each
-term on its own line, estimates marked (est.). FSDP2 as rlep sets it up: a unit per decoder layer (resharded after
-forward), the root (embedding, LM head, final norm) gathered from forward to the end of backward, fp32 gathers and
-reduce-scatters (no MixedPrecisionPolicy), AdamW on the shards. Activations per 4096-token row with checkpointing:
-the fp32 layer inputs (4 B x H x layers) + one layer's forward / recompute working set ((32 H + 12 I) B, est.) per
-token. A phase sums the terms alive at its worst moment; the verdict takes the largest gpu_memory_utilization (vLLM's
-KV cache holding >= 1 sequence) and micro_batch_size whose phases all stay within --limit_gib.
+--budget_only: per-GPU GiB of each phase of rlep under FSDP2 on --ranks, from the shapes on the meta
+device, each term on its own line, estimates marked (est.). FSDP2 as rlep sets it up: a unit per
+decoder layer (resharded after forward), the root (embedding, LM head, final norm) gathered from
+forward to the end of backward, fp32 gathers and reduce-scatters (no MixedPrecisionPolicy), AdamW on
+the shards. Activations per 4096-token row with checkpointing: the fp32 layer inputs
+(4 B x H x layers) + one layer's forward / recompute working set ((32 H + 12 I) B, est.) per token.
+A phase sums the terms alive at its worst moment; the verdict takes the largest
+gpu_memory_utilization (vLLM's KV cache holding >= 1 sequence) and micro_batch_size whose phases all
+stay within --limit_gib.
 
-Model FLOPs of a sequence of S real tokens, R of them predicted response tokens (padding not counted): forward =
-2 N_layers S + 2 V H R + 4 n_layers d_attn S^2 (N_layers: decoder-layer matmul weights; LM head on response tokens
-only; attention in full, as Megatron and verl); training = 3 x forward, recompute not counted (MFU, not HFU). "MFU
-verl": verl's flops_counter (embedding and LM head over all S). --peak_tflops: default 989 (H100 SXM dense bf16
-spec); an H200's measured dense bf16 is ~790 TFLOP/s: pass --peak_tflops 790.
+Model FLOPs of a sequence of S real tokens, R of them predicted response tokens (padding not
+counted): forward = 2 N_layers S + 2 V H R + 4 n_layers d_attn S^2 (N_layers: decoder-layer matmul
+weights; LM head on response tokens only; attention in full, as Megatron and verl); training =
+3 x forward, recompute not counted (MFU, not HFU). "MFU verl": verl's flops_counter (embedding and
+LM head over all S). --peak_tflops: default 989 (H100 SXM dense bf16 spec); an H200's measured
+dense bf16 is ~790 TFLOP/s: pass --peak_tflops 790.
 """
 import argparse
 import math
@@ -48,60 +59,73 @@ repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo_root)
 import rlep  # noqa: E402
 
-# Qwen2.5 shapes (their config.json files); tiny is for the CPU smoke run (head_dim 32, as vLLM needs)
+# Qwen2.5 shapes (their config.json files);
+# tiny is for the CPU smoke run (head_dim 32, as vLLM needs)
 model_shapes = {
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=2048, tie_word_embeddings=True),
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
-    "14b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40,
-                num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
-    "32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
-                num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, vocab_size=2048,
+                 tie_word_embeddings=True),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+               tie_word_embeddings=False),
+    "14b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+                num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                tie_word_embeddings=False),
+    "32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
+                num_attention_heads=40, num_key_value_heads=8, vocab_size=152064,
+                tie_word_embeddings=False),
 }
 gib = 2 ** 30
 
 
 def model_config(name: str) -> Qwen2Config:
-    return Qwen2Config(**model_shapes[name], max_position_embeddings=4096, rope_theta=10000.0, rms_norm_eps=1e-6,
-                       use_cache=False)
+    return Qwen2Config(**model_shapes[name], max_position_embeddings=4096, rope_theta=10000.0,
+                       rms_norm_eps=1e-6, use_cache=False)
 
 
 def build_policy(name: str, cfg, device):
-    """rlep.build_policy on one process, its from_pretrained(path, **kwargs) replaced by from_config(config, **kwargs)
-    on `device` (the same dtype and attention kwargs); every other line (train mode, checkpointing, TokenLogProbs,
-    AdamW) is rlep's."""
+    """rlep.build_policy on one process, its from_pretrained(path, **kwargs) replaced by
+    from_config(config, **kwargs) on `device` (the same dtype and attention kwargs); every other
+    line (train mode, checkpointing, TokenLogProbs, AdamW) is rlep's."""
     def from_config(path, **kwargs):
-        with torch.device(device):  # initialise on the device: 7B in fp32 is 30 GB of host memory otherwise
+        # initialise on the device: 7B in fp32 is 30 GB of host memory otherwise
+        with torch.device(device):
             return AutoModelForCausalLM.from_config(model_config(name), **kwargs)
     with mock.patch.object(AutoModelForCausalLM, "from_pretrained", from_config):
         return rlep.build_policy(f"random:{name}", cfg, rlep.Dist(False, 0, 1, device, True))
 
 
 def forward_flops(config, seq_lens, response_lens, verl_count=False) -> float:
-    """Model FLOPs of one forward pass over sequences with these real and predicted-response token counts."""
+    """Model FLOPs of one forward pass over sequences with these real and predicted-response token
+    counts."""
     head_dim = config.hidden_size // config.num_attention_heads
     attn_out = (2 * config.num_attention_heads + 2 * config.num_key_value_heads) * head_dim
-    layer_matmuls = config.num_hidden_layers * (config.hidden_size * attn_out
-                                                + 3 * config.hidden_size * config.intermediate_size)
+    per_layer = config.hidden_size * attn_out + 3 * config.hidden_size * config.intermediate_size
+    layer_matmuls = config.num_hidden_layers * per_layer
     vocab_matmul = config.vocab_size * config.hidden_size
-    attention = 4 * config.num_hidden_layers * config.num_attention_heads * head_dim * sum(s * s for s in seq_lens)
-    if verl_count:  # verl: embedding + LM head as two matmuls over every token
+    squares = sum(s * s for s in seq_lens)
+    attention = 4 * config.num_hidden_layers * config.num_attention_heads * head_dim * squares
+    # verl: embedding + LM head as two matmuls over every token
+    if verl_count:
         return 2 * (layer_matmuls + 2 * vocab_matmul) * sum(seq_lens) + attention
     return 2 * layer_matmuls * sum(seq_lens) + 2 * vocab_matmul * sum(response_lens) + attention
 
 
-def make_batch(micro_batch_size, prompt_len, response_len, vocab_size, device, share_prompts, seed=0) -> dict:
-    """A micro-batch from rlep.collate: the first row has the full prompt_len + response_len tokens (the shape that
-    sets peak memory), the others random shorter prompts and responses, right-padded to the longest."""
+def make_batch(micro_batch_size, prompt_len, response_len, vocab_size, device, share_prompts,
+               seed=0) -> dict:
+    """A micro-batch from rlep.collate: the first row has the full prompt_len + response_len
+    tokens (the shape that sets peak memory), the others random shorter prompts and responses,
+    right-padded to the longest."""
     rng = np.random.default_rng(seed)
     samples = []
     for i in range(micro_batch_size):
         p = prompt_len if i == 0 else int(rng.integers(prompt_len // 4, prompt_len + 1))
         c = response_len if i == 0 else int(rng.integers(response_len // 4, response_len + 1))
-        samples.append(rlep.Sample(prompt_ids=rng.integers(1, vocab_size, p).tolist(),
-                                   completion_ids=rng.integers(1, vocab_size, c).tolist(), correct=False,
-                                   reward=0.0, advantage=float(rng.standard_normal())))
+        prompt_ids = rng.integers(1, vocab_size, p).tolist()
+        completion_ids = rng.integers(1, vocab_size, c).tolist()
+        advantage = float(rng.standard_normal())
+        samples.append(rlep.Sample(prompt_ids=prompt_ids, completion_ids=completion_ids,
+                                   correct=False, reward=0.0, advantage=advantage))
     return rlep.collate(samples, pad_id=0, device=device, share_prompts=share_prompts)
 
 
@@ -110,23 +134,28 @@ def fmt(value, width: int, spec: str) -> str:
 
 
 def timed_stage(device, fn):
-    """(seconds, peak GiB allocated, peak minus allocated at the start; GiB are None on CPU) of fn()."""
+    """(seconds, peak GiB allocated, peak minus allocated at the start; GiB are None on CPU) of
+    fn()."""
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-    start_gib, start = torch.cuda.memory_allocated() / gib if cuda else None, time.perf_counter()
+    start_gib = torch.cuda.memory_allocated() / gib if cuda else None
+    start = time.perf_counter()
     fn()
     if cuda:
         torch.cuda.synchronize()
-    seconds, peak = time.perf_counter() - start, torch.cuda.max_memory_allocated() / gib if cuda else None
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() / gib if cuda else None
     return seconds, peak, peak - start_gib if cuda else None
 
 
 def train_step(policy, optimizer, batch, cfg, autocast):
-    """One micro-batch through every stage of rlep.ppo_update: {stage: (seconds, peak GiB, over start GiB)}. The
-    update is a mini-batch of two copies of the micro-batch: the first backward creates the grads, the second adds."""
-    num_tokens = 2 * batch["completion_mask"].sum().item()  # N: response tokens of the (two micro-batch) mini-batch
+    """One micro-batch through every stage of rlep.ppo_update: {stage: (seconds, peak GiB, over
+    start GiB)}. The update is a mini-batch of two copies of the micro-batch: the first backward
+    creates the grads, the second adds."""
+    # N: response tokens of the (two micro-batch) mini-batch
+    num_tokens = 2 * batch["completion_mask"].sum().item()
 
     def old_logprobs():
         with torch.no_grad(), autocast:
@@ -136,11 +165,13 @@ def train_step(policy, optimizer, batch, cfg, autocast):
         with autocast:
             logprobs = policy(batch)
             loss, metrics = rlep.policy_loss(logprobs, batch["old_logprobs"], batch["advantages"],
-                                             batch["completion_mask"], cfg.clip_low, cfg.clip_high, cfg.clip_c,
-                                             num_tokens=num_tokens)
+                                             batch["completion_mask"], cfg.clip_low,
+                                             cfg.clip_high, cfg.clip_c, num_tokens=num_tokens)
         loss.backward()  # rlep: (loss * world_size).backward(); world size 1
-        if abs(metrics["ratio_mean"] - 1) > 1e-3:  # same weights, same batch: the first ratio is 1
-            print(f"warning: old-logp and update passes disagree, ratio_mean {metrics['ratio_mean']:.5f}")
+        # same weights, same batch: the first ratio is 1
+        if abs(metrics["ratio_mean"] - 1) > 1e-3:
+            print("warning: old-logp and update passes disagree, "
+                  f"ratio_mean {metrics['ratio_mean']:.5f}")
 
     def optimizer_step():
         grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip).item()
@@ -148,219 +179,309 @@ def train_step(policy, optimizer, batch, cfg, autocast):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    assert all(p.grad is None for p in policy.parameters()), "a mini-batch starts without gradients, as in rlep"
-    stages = ("old-logp", old_logprobs), ("fwd+bwd 1st", forward_backward), ("fwd+bwd", forward_backward), \
-        ("clip+step", optimizer_step)
-    return {name: timed_stage(batch["input_ids"].device, fn) for name, fn in stages}  # in this order
+    assert all(p.grad is None for p in policy.parameters()), (
+        "a mini-batch starts without gradients, as in rlep")
+    stages = (("old-logp", old_logprobs),
+              ("fwd+bwd 1st", forward_backward),
+              ("fwd+bwd", forward_backward),
+              ("clip+step", optimizer_step))
+    # in this order
+    return {name: timed_stage(batch["input_ids"].device, fn) for name, fn in stages}
 
 
 def budget(model, ranks, gpu_gib):
-    """Per-GPU terms of rlep under FSDP2 over `ranks`, GiB: {tag: (label, GiB)}; "(est.)" marks estimates."""
-    cfg, c = rlep.Config(), model.config
+    """Per-GPU terms of rlep under FSDP2 over `ranks`, GiB: {tag: (label, GiB)}; "(est.)" marks
+    estimates."""
+    cfg = rlep.Config()
+    c = model.config
     params = sum(p.numel() for p in model.parameters())
     layer = sum(p.numel() for p in model.model.layers[0].parameters())
-    root = params - c.num_hidden_layers * layer  # embedding, final norm, LM head (untied): FSDP2's root unit
-    vh, largest = c.vocab_size * c.hidden_size, max(p.numel() for p in model.parameters())
+    # embedding, final norm, LM head (untied): FSDP2's root unit
+    root = params - c.num_hidden_layers * layer
+    vh = c.vocab_size * c.hidden_size
+    largest = max(p.numel() for p in model.parameters())
     seq = cfg.max_prompt_len + cfg.max_response_len
-    chunk = 1024 * c.vocab_size * 4  # TokenLogProbs: 1024 response tokens of fp32 logits
-    shard = 4 * params / ranks  # bytes of the fp32 weight shard
-    t = {"W": ("sharded fp32 weights, 4 B x P / ranks", shard),
-         "G": ("sharded fp32 grads, 4 B x P / ranks (a mini-batch's first backward to zero_grad)", shard),
-         "AM": ("sharded AdamW moments, 2 x 4 B x P / ranks", 2 * shard),
-         "AT": ("AdamW step temporaries: foreach sqrt(exp_avg_sq), one fp32 copy of the shard (est.)", shard),
-         "RP": (f"root params unsharded in fwd+bwd, fp32: {root / 1e9:.3f} B (embedding, LM head, norm)", 4 * root),
-         "HG": ("LM-head fp32 grad, unsharded from the start of backward: 4 B x V x H", 4 * vh),
-         "RS": ("backward's end: root's unsharded fp32 grads + reduce-scatter copy, 2 x 4 B x root", 8 * root),
-         "LF": (f"gathering decoder layers, fwd: current + prefetched next fp32 + bf16 casts, 10 B x "
-                f"{layer / 1e6:.0f} M (est.)", 10 * layer),
-         "LB": ("gathering decoder layers, bwd: + unsharded fp32 grads, reduce-scatter input, bf16 grads, 20 B "
-                "(est.)", 20 * layer),
-         "AI": (f"activations per {seq}-token row: saved fp32 layer inputs, 4 B x H x layers x S", 4 * c.hidden_size
-                * c.num_hidden_layers * seq),
-         "AR": ("activations per row: one layer's fwd / recompute working set, (32 H + 12 I) B x S (est.)",
-                (32 * c.hidden_size + 12 * c.intermediate_size) * seq),
-         "HF": (f"LM-head chunk fwd: 4 x 1024 x V fp32 ({chunk / gib:.2f} each) + bf16 cast of the head, 2 B x V x H "
-                f"(est.)", 4 * chunk + 2 * vh),
-         "HB": ("LM-head chunk bwd: 4 x chunk + the head's bf16 cast, bf16 grad and fp32 grad, 8 B x V x H (est.)",
-                4 * chunk + 8 * vh),
-         "ctx": ("CUDA context + NCCL (est.)", 1.5 * gib), "VS": ("vLLM asleep, level 2 (est.)", 1.5 * gib),
-         "VW": ("vLLM bf16 weights, 2 B x P (awake alone during a push: KV cache woken after)", 2 * params),
-         "PT": (f"push transient, largest param ({largest / 1e6:.0f} M): full fp32 + bf16 copy, 6 B (the check's "
-                "float64 sum makes no copy)", 6 * largest),
-         "SV": ("checkpoint save, vLLM awake: one full fp32 param gathered, 4 B x largest", 4 * largest),
-         "BP": ("policy build: fully_shard moves one unit at a time to the GPU, the largest (root), 4 B x root",
-                4 * root)}
+    # TokenLogProbs: 1024 response tokens of fp32 logits
+    chunk = 1024 * c.vocab_size * 4
+    # bytes of the fp32 weight shard
+    shard = 4 * params / ranks
+    t = {
+        "W": ("sharded fp32 weights, 4 B x P / ranks", shard),
+        "G": ("sharded fp32 grads, 4 B x P / ranks (a mini-batch's first backward to zero_grad)",
+              shard),
+        "AM": ("sharded AdamW moments, 2 x 4 B x P / ranks", 2 * shard),
+        "AT": ("AdamW step temporaries: foreach sqrt(exp_avg_sq), one fp32 copy of the shard "
+               "(est.)", shard),
+        "RP": (f"root params unsharded in fwd+bwd, fp32: {root / 1e9:.3f} B "
+               "(embedding, LM head, norm)", 4 * root),
+        "HG": ("LM-head fp32 grad, unsharded from the start of backward: 4 B x V x H", 4 * vh),
+        "RS": ("backward's end: root's unsharded fp32 grads + reduce-scatter copy, "
+               "2 x 4 B x root", 8 * root),
+        "LF": ("gathering decoder layers, fwd: current + prefetched next fp32 + bf16 casts, "
+               f"10 B x {layer / 1e6:.0f} M (est.)", 10 * layer),
+        "LB": ("gathering decoder layers, bwd: + unsharded fp32 grads, reduce-scatter input, "
+               "bf16 grads, 20 B (est.)", 20 * layer),
+        "AI": (f"activations per {seq}-token row: saved fp32 layer inputs, "
+               "4 B x H x layers x S", 4 * c.hidden_size * c.num_hidden_layers * seq),
+        "AR": ("activations per row: one layer's fwd / recompute working set, "
+               "(32 H + 12 I) B x S (est.)", (32 * c.hidden_size + 12 * c.intermediate_size) * seq),
+        "HF": (f"LM-head chunk fwd: 4 x 1024 x V fp32 ({chunk / gib:.2f} each) + bf16 cast of "
+               "the head, 2 B x V x H (est.)", 4 * chunk + 2 * vh),
+        "HB": ("LM-head chunk bwd: 4 x chunk + the head's bf16 cast, bf16 grad and fp32 grad, "
+               "8 B x V x H (est.)", 4 * chunk + 8 * vh),
+        "ctx": ("CUDA context + NCCL (est.)", 1.5 * gib),
+        "VS": ("vLLM asleep, level 2 (est.)", 1.5 * gib),
+        "VW": ("vLLM bf16 weights, 2 B x P (awake alone during a push: KV cache woken after)",
+               2 * params),
+        # the push check sums in float64 a chunk of 2**24 elements at a time (rlep.float64_sum)
+        "PT": (f"push transient, largest param ({largest / 1e6:.0f} M): full fp32 + bf16 copy, "
+               "6 B, + float64 check sum, 16 M at a time", 6 * largest + 8 * 2 ** 24),
+        "SV": ("checkpoint save, vLLM awake: one full fp32 param gathered, 4 B x largest",
+               4 * largest),
+        "BP": ("policy build: fully_shard moves one unit at a time to the GPU, the largest "
+               "(root), 4 B x root", 4 * root),
+    }
     t = {k: (label, size / gib) for k, (label, size) in t.items()}
-    kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 2
-    return t, dict(params=params, seq=seq, kv_seq_gib=kv_token * seq / gib, kv_token=kv_token, gpu_gib=gpu_gib)
+    head_dim = c.hidden_size // c.num_attention_heads
+    kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2
+    info = dict(params=params, seq=seq, kv_seq_gib=kv_token * seq / gib, kv_token=kv_token,
+                gpu_gib=gpu_gib)
+    return t, info
 
 
 def phases(t, info, utilization, micro_batch_size):
-    """[(phase, formula, GiB)]: the terms alive together at each phase's worst moment; vLLM's phases first."""
-    v, m = {k: size for k, (_, size) in t.items()}, micro_batch_size
-    awake, asleep = v["W"] + v["AM"] + v["ctx"], v["W"] + v["AM"] + v["ctx"] + v["VS"]  # grads None outside updates
+    """[(phase, formula, GiB)]: the terms alive together at each phase's worst moment; vLLM's
+    phases first."""
+    v = {k: size for k, (_, size) in t.items()}
+    m = micro_batch_size
+    # grads are None outside updates
+    awake = v["W"] + v["AM"] + v["ctx"]
+    asleep = v["W"] + v["AM"] + v["ctx"] + v["VS"]
+    update_formula = f"W + G + AM + ctx + VS + RP + max({m} (AI + AR) + HG + max(LB, HB), RS)"
+    backward_peak = m * (v["AI"] + v["AR"]) + v["HG"] + max(v["LB"], v["HB"])
+    update = asleep + v["G"] + v["RP"] + max(backward_peak, v["RS"])
     return [("weight push", "W + AM + ctx + VS + VW + PT", asleep + v["VW"] + v["PT"]),
             ("generation, checkpoint save", f"W + AM + ctx + VA ({utilization:.2f} x card) + SV",
              awake + utilization * info["gpu_gib"] + v["SV"]),
             ("policy build (once)", "BP + ctx + VS", v["BP"] + v["ctx"] + v["VS"]),
             (f"old-logp pass, mbs {m}", f"W + AM + ctx + VS + RP + {m} AR + max(LF, HF)",
              asleep + v["RP"] + m * v["AR"] + max(v["LF"], v["HF"])),
-            (f"update fwd+bwd, mbs {m}", f"W + G + AM + ctx + VS + RP + max({m} (AI + AR) + HG + max(LB, HB), RS)",
-             asleep + v["G"] + v["RP"] + max(m * (v["AI"] + v["AR"]) + v["HG"] + max(v["LB"], v["HB"]), v["RS"])),
+            (f"update fwd+bwd, mbs {m}", update_formula, update),
             ("clip + optimizer step", "W + G + AM + ctx + VS + AT", asleep + v["G"] + v["AT"])]
 
 
 def kv_sequences(info, utilization) -> int:
-    """Full-length sequences vLLM's KV cache holds: its share minus bf16 weights and ~1.5 GiB workspace (est.)."""
-    return max(0, int((utilization * info["gpu_gib"] - 2 * info["params"] / gib - 1.5) // info["kv_seq_gib"]))
+    """Full-length sequences vLLM's KV cache holds: its share minus bf16 weights and ~1.5 GiB
+    workspace (est.)."""
+    kv_gib = utilization * info["gpu_gib"] - 2 * info["params"] / gib - 1.5
+    return max(0, int(kv_gib // info["kv_seq_gib"]))
 
 
 def fit(model, ranks, gpu_gib, limit, sizes=(1, 2, 4, 8)):
-    """The largest gpu_memory_utilization U (0.05 steps, a KV cache of >= 1 sequence) and micro_batch_size M whose
-    phases are all within `limit` (None where none is), the worst phase then, and the budget."""
+    """The largest gpu_memory_utilization U (0.05 steps, a KV cache of >= 1 sequence) and
+    micro_batch_size M whose phases are all within `limit` (None where none is), the worst phase
+    then, and the budget."""
     t, info = budget(model, ranks, gpu_gib)
     fits_u = [u / 100 for u in range(5, 100, 5) if kv_sequences(info, u / 100) >= 1
               and max(size for _, _, size in phases(t, info, u / 100, 1)[:2]) <= limit]
     fits_m = [m for m in sizes if max(size for _, _, size in phases(t, info, 0.5, m)[2:]) <= limit]
-    u, m = max(fits_u, default=None), max(fits_m, default=None)
-    return u, m, max(size for _, _, size in phases(t, info, u, m)) if u and m else None, t, info
+    u = max(fits_u, default=None)
+    m = max(fits_m, default=None)
+    worst = max(size for _, _, size in phases(t, info, u, m)) if u and m else None
+    return u, m, worst, t, info
 
 
 def verdict(name, model, args) -> str:
-    gpu, limit, n = args.gpu_gib, args.limit_gib, rlep.Config.n
+    gpu = args.gpu_gib
+    limit = args.limit_gib
+    n = rlep.Config.n
 
     def setting(ranks):
         u, m, worst, _, info = fit(model, ranks, gpu, limit)
-        return (f"every phase <= {worst:.1f} GiB (limit {limit:.0f} GiB) with gpu_memory_utilization {u:.2f} and "
-                f"micro_batch_size {m} (KV cache: {kv_sequences(info, u)} sequences of {info['seq']} tokens)")
+        return (f"every phase <= {worst:.1f} GiB (limit {limit:.0f} GiB) with "
+                f"gpu_memory_utilization {u:.2f} and micro_batch_size {m} "
+                f"(KV cache: {kv_sequences(info, u)} sequences of {info['seq']} tokens)")
 
-    def over(ranks):  # the phases over the limit with one sequence in flight: KV for one, micro_batch_size 1
+    # the phases over the limit with one sequence in flight: KV for one, micro_batch_size 1
+    def over(ranks):
         t, info = budget(model, ranks, gpu)
-        u = min([u / 100 for u in range(5, 100, 5) if kv_sequences(info, u / 100) >= 1], default=None)
+        with_kv = [u / 100 for u in range(5, 100, 5) if kv_sequences(info, u / 100) >= 1]
+        u = min(with_kv, default=None)
         found = [f"{p}: {size:.1f}" for p, _, size in phases(t, info, u or 0, 1) if size > limit]
-        return "; ".join(found + ([] if u else [f"no KV cache below gpu_memory_utilization 1 (bf16 weights "
-                                                  f"{2 * info['params'] / gib:.0f} GiB)"]))
+        if not u:
+            found.append("no KV cache below gpu_memory_utilization 1 "
+                         f"(bf16 weights {2 * info['params'] / gib:.0f} GiB)")
+        return "; ".join(found)
     head = f"{name.upper()} on {args.ranks} x {'80 GB' if gpu == 79.6 else f'{gpu:g} GiB'}: "
     u, m, worst, _, info = fit(model, args.ranks, gpu, limit)
     if u and m:
-        few = kv_sequences(info, u) < n and args.ranks < 16 and all(fit(model, 16, gpu, limit)[:2])
-        return head + "fits, " + setting(args.ranks) + (f"; that KV cache holds fewer than one prompt's n = {n} "
-                                                         f"full-length responses; on 16 ranks: {setting(16)}"
-                                                         if few else "")
-    more = next((r for r in (16, 32, 64) if r > args.ranks and all(fit(model, r, gpu, limit)[:2])), None)
-    return (head + f"DOES NOT FIT within {limit:.0f} GiB, not even with one sequence in flight (GiB: "
-            f"{over(args.ranks)}); " +
-            (f"on {more} ranks: {setting(more)}" if more else f"on no rank count up to 64 (64 ranks, GiB: {over(64)}): "
-             "rlep's one vLLM engine per GPU (TP 1) holds all the bf16 weights"))
+        few = (kv_sequences(info, u) < n and args.ranks < 16
+               and all(fit(model, 16, gpu, limit)[:2]))
+        text = head + "fits, " + setting(args.ranks)
+        if few:
+            text += (f"; that KV cache holds fewer than one prompt's n = {n} full-length "
+                     f"responses; on 16 ranks: {setting(16)}")
+        return text
+    more = next((r for r in (16, 32, 64)
+                 if r > args.ranks and all(fit(model, r, gpu, limit)[:2])), None)
+    text = (head + f"DOES NOT FIT within {limit:.0f} GiB, not even with one sequence in flight "
+            f"(GiB: {over(args.ranks)}); ")
+    if more:
+        return text + f"on {more} ranks: {setting(more)}"
+    return (text + f"on no rank count up to 64 (64 ranks, GiB: {over(64)}): "
+            "rlep's one vLLM engine per GPU (TP 1) holds all the bf16 weights")
 
 
 def print_budget(name, model, args):
     t, info = budget(model, args.ranks, args.gpu_gib)
-    u, limit = args.gpu_memory_utilization, args.limit_gib
-    print(f"per-GPU budget, {name}: {info['params'] / 1e9:.3f} B params, FSDP2 over {args.ranks} ranks, "
-          f"{args.gpu_gib:.1f} GiB card, rows of {info['seq']} tokens; GiB; (est.) = estimate, the rest: shapes")
+    u = args.gpu_memory_utilization
+    limit = args.limit_gib
+    print(f"per-GPU budget, {name}: {info['params'] / 1e9:.3f} B params, FSDP2 over {args.ranks} "
+          f"ranks, {args.gpu_gib:.1f} GiB card, rows of {info['seq']} tokens; GiB; "
+          "(est.) = estimate, the rest: shapes")
     for tag, (label, size) in t.items():
         print(f"  {tag:>3}  {label:104s} {size:6.2f}")
-    print(f"  {'VA':>3}  {f'vLLM awake: gpu_memory_utilization {u} x {args.gpu_gib:.1f} card':104s} "
-          f"{u * args.gpu_gib:6.2f}")
-    print(f"per phase (limit {limit:.0f} GiB, card {args.gpu_gib:.1f}; mbs = micro_batch_size, sequences per rank):")
-    rows = phases(t, info, u, 1)[:3] + [p for m in (1, 2, 4, 8) for p in phases(t, info, u, m)[3:5]] + \
-        phases(t, info, u, 1)[5:]
+    label = f"vLLM awake: gpu_memory_utilization {u} x {args.gpu_gib:.1f} card"
+    print(f"  {'VA':>3}  {label:104s} {u * args.gpu_gib:6.2f}")
+    print(f"per phase (limit {limit:.0f} GiB, card {args.gpu_gib:.1f}; mbs = micro_batch_size, "
+          "sequences per rank):")
+    per_mbs = [p for m in (1, 2, 4, 8) for p in phases(t, info, u, m)[3:5]]
+    rows = phases(t, info, u, 1)[:3] + per_mbs + phases(t, info, u, 1)[5:]
     for phase, formula, size in rows:
-        verdict_ = "ok" if size <= limit else "over limit" if size <= args.gpu_gib else "DOES NOT FIT"
+        if size <= limit:
+            verdict_ = "ok"
+        elif size <= args.gpu_gib:
+            verdict_ = "over limit"
+        else:
+            verdict_ = "DOES NOT FIT"
         print(f"  {phase:28s} {formula:80s} {size:6.1f}  {verdict_}")
     kv = u * args.gpu_gib - 2 * info["params"] / gib - 1.5
-    print(f"vLLM at gpu_memory_utilization {u}: KV cache {u:.2f} x {args.gpu_gib:.1f} - bf16 weights "
-          f"{2 * info['params'] / gib:.1f} - workspace 1.5 (est.) = {kv:.1f} GiB at {info['kv_token'] // 1024} KiB per "
-          f"token = {kv_sequences(info, u)} concurrent sequences of {info['seq']} tokens (1024 prompt + 3072 response; "
-          f"more when responses are shorter or a prompt's n responses share its cached blocks)")
+    print(f"vLLM at gpu_memory_utilization {u}: KV cache {u:.2f} x {args.gpu_gib:.1f} - "
+          f"bf16 weights {2 * info['params'] / gib:.1f} - workspace 1.5 (est.) = {kv:.1f} GiB "
+          f"at {info['kv_token'] // 1024} KiB per token = {kv_sequences(info, u)} concurrent "
+          f"sequences of {info['seq']} tokens (1024 prompt + 3072 response; more when responses "
+          "are shorter or a prompt's n responses share its cached blocks)")
     print(verdict(name, model, args))
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(model_shapes), default="7b")
     parser.add_argument("--micro_batch_sizes", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--prompt_len", type=int, default=None, help="default 1024 (the paper's); tiny: 128")
-    parser.add_argument("--response_len", type=int, default=None, help="default 3072 (the paper's); tiny: 384")
-    parser.add_argument("--steps", type=int, default=3, help="timed repetitions per micro-batch size (after a warm-up)")
+    parser.add_argument("--prompt_len", type=int, default=None,
+                        help="default 1024 (the paper's); tiny: 128")
+    parser.add_argument("--response_len", type=int, default=None,
+                        help="default 3072 (the paper's); tiny: 384")
+    parser.add_argument("--steps", type=int, default=3,
+                        help="timed repetitions per micro-batch size (after a warm-up)")
     parser.add_argument("--device", default="auto", help="auto, cuda or cpu")
-    parser.add_argument("--dtype", default=rlep.Config.dtype, help="as rlep's --dtype (auto: bf16 on GPU)")
-    parser.add_argument("--peak_tflops", type=float, default=None, help="default 989 (H100) on CUDA; H200: ~790")
-    parser.add_argument("--ranks", type=int, default=8, help="FSDP2 ranks: the budget's, and the step's AdamW share")
+    parser.add_argument("--dtype", default=rlep.Config.dtype,
+                        help="as rlep's --dtype (auto: bf16 on GPU)")
+    parser.add_argument("--peak_tflops", type=float, default=None,
+                        help="default 989 (H100) on CUDA; H200: ~790")
+    parser.add_argument("--ranks", type=int, default=8,
+                        help="FSDP2 ranks: the budget's, and the step's AdamW share")
     parser.add_argument("--autocast_cache", action=argparse.BooleanOptionalAction, default=False,
                         help="autocast's cache of bf16 weight copies (off in rlep.ppo_update)")
-    parser.add_argument("--gpu_gib", type=float, default=79.6, help="usable memory of the budget's GPU (H100 80 GB)")
-    parser.add_argument("--gpu_memory_utilization", type=float, default=rlep.Config.gpu_memory_utilization,
+    parser.add_argument("--gpu_gib", type=float, default=79.6,
+                        help="usable memory of the budget's GPU (H100 80 GB)")
+    parser.add_argument("--gpu_memory_utilization", type=float,
+                        default=rlep.Config.gpu_memory_utilization,
                         help="vLLM's share in the budget (default: the paper preset's)")
-    parser.add_argument("--limit_gib", type=float, default=60.0, help="the verdict's per-GPU limit")
-    parser.add_argument("--budget_only", action="store_true", help="print the per-phase budget (meta device), stop")
+    parser.add_argument("--limit_gib", type=float, default=60.0,
+                        help="the verdict's per-GPU limit")
+    parser.add_argument("--budget_only", action="store_true",
+                        help="print the per-phase budget (meta device), stop")
     args = parser.parse_args(argv)
 
-    cfg = rlep.Config()  # the paper preset: lengths, clip range, grad clip, lr, weight decay, checkpointing
+    # the paper preset: lengths, clip range, grad clip, lr, weight decay, checkpointing
+    cfg = rlep.Config()
     if args.budget_only:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(model_config(args.model), dtype=torch.float32)
         print_budget(args.model, model, args)
         return
-    scale = 8 if args.model == "tiny" else 1  # the CPU smoke run keeps attention's S^2 small
+    # the CPU smoke run keeps attention's S^2 small
+    scale = 8 if args.model == "tiny" else 1
     prompt_len = args.prompt_len or cfg.max_prompt_len // scale
     response_len = args.response_len or cfg.max_response_len // scale
-    sequences_per_update = cfg.mini_batch_prompts * cfg.n // args.ranks  # per rank: 64 x 16 / 8 = 128
-    mini_batches = cfg.prompts_per_step // cfg.mini_batch_prompts  # per step: 8, all but the first get old-logp
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    # per rank: 64 x 16 / 8 = 128
+    sequences_per_update = cfg.mini_batch_prompts * cfg.n // args.ranks
+    # per step: 8, all but the first get old-logp
+    mini_batches = cfg.prompts_per_step // cfg.mini_batch_prompts
+    device_name = args.device
+    if device_name == "auto":
+        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device_name)
     if device.type == "cuda":
         device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)
     cfg.dtype, why = rlep.resolve_dtype(args.dtype, device)  # as rlep.main
     peak_tflops = args.peak_tflops or (989.0 if device.type == "cuda" else None)
-    autocast = torch.autocast(device.type, dtype=getattr(torch, cfg.dtype), enabled=cfg.dtype != "float32",
-                              cache_enabled=args.autocast_cache)  # as rlep.ppo_update
+    # as rlep.ppo_update
+    autocast = torch.autocast(device.type, dtype=getattr(torch, cfg.dtype),
+                              enabled=cfg.dtype != "float32", cache_enabled=args.autocast_cache)
 
     torch.manual_seed(0)
     start = time.perf_counter()
     policy, optimizer = build_policy(args.model, cfg, device)
-    model, params = policy.model, sum(p.numel() for p in policy.parameters())
+    model = policy.model
+    params = sum(p.numel() for p in policy.parameters())
     note = "foreach (rlep's default)"
-    if device.type == "cuda" and 20 * params > 0.95 * torch.cuda.get_device_properties(device).total_memory:
-        for group in optimizer.param_groups:  # one FSDP rank's temporary is 1/ranks of this: not rlep's problem
+    on_cuda = device.type == "cuda"
+    if on_cuda and 20 * params > 0.95 * torch.cuda.get_device_properties(device).total_memory:
+        # one FSDP rank's temporary is 1/ranks of this: not rlep's problem
+        for group in optimizer.param_groups:
             group["foreach"] = False
-        note = f"per parameter: foreach's fp32 temporary ({4 * params / gib:.0f} GiB) would not fit at world size 1"
-    print(f"model {args.model}: {params / 1e6:.1f} M params via rlep.build_policy (random init, world size 1, no "
-          f"FSDP), built in {time.perf_counter() - start:.1f} s; AdamW {note}")
-    print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, {cfg.dtype} ({why}), "
+        note = (f"per parameter: foreach's fp32 temporary ({4 * params / gib:.0f} GiB) would not "
+                "fit at world size 1")
+    print(f"model {args.model}: {params / 1e6:.1f} M params via rlep.build_policy (random init, "
+          f"world size 1, no FSDP), built in {time.perf_counter() - start:.1f} s; AdamW {note}")
+    device_label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    checkpointing = "on" if model.training and model.is_gradient_checkpointing else "OFF"
+    print(f"device {device_label}, {cfg.dtype} ({why}), "
           f"autocast cache {'on' if args.autocast_cache else 'off'}, gradient checkpointing "
-          f"{'on' if model.training and model.is_gradient_checkpointing else 'OFF'}, torch {torch.__version__}")
+          f"{checkpointing}, torch {torch.__version__}")
 
-    header = (f"{'mbs':>3} {'tokens real/padded':>18} {'stage':>12} {'time s':>8} {'tokens/s':>9} {'TFLOP/s':>8} "
-              f"{'MFU %':>6} {'MFU verl %':>10} {'peak GiB':>9} {'over start':>10}")
+    header = (f"{'mbs':>3} {'tokens real/padded':>18} {'stage':>12} {'time s':>8} "
+              f"{'tokens/s':>9} {'TFLOP/s':>8} {'MFU %':>6} {'MFU verl %':>10} {'peak GiB':>9} "
+              f"{'over start':>10}")
     print(header + "\n" + "-" * len(header))
     for micro_batch_size in args.micro_batch_sizes:
-        batch = make_batch(micro_batch_size, prompt_len, response_len, model.config.vocab_size, device,
-                           cfg.share_prompts)
-        seq_lens = batch["attention_mask"].sum(1).tolist()  # 2-D mask: the paper preset (share_prompts False)
+        batch = make_batch(micro_batch_size, prompt_len, response_len, model.config.vocab_size,
+                           device, cfg.share_prompts)
+        # 2-D mask: the paper preset (share_prompts False)
+        seq_lens = batch["attention_mask"].sum(1).tolist()
         response_lens = batch["completion_mask"].sum(1).tolist()
         forward = forward_flops(model.config, seq_lens, response_lens)
         forward_verl = forward_flops(model.config, seq_lens, response_lens, verl_count=True)
         runs = None
         try:
-            train_step(policy, optimizer, batch, cfg, autocast)  # warm-up; creates AdamW's moments
+            # warm-up; creates AdamW's moments
+            train_step(policy, optimizer, batch, cfg, autocast)
             runs = [train_step(policy, optimizer, batch, cfg, autocast) for _ in range(args.steps)]
         except torch.OutOfMemoryError:
             optimizer.zero_grad(set_to_none=True)
-        if runs is None:  # outside the except block: its frames no longer hold the activations
+        # outside the except block: its frames no longer hold the activations
+        if runs is None:
             batch.clear()
             torch.cuda.empty_cache()
             print(f"{micro_batch_size:>3} out of memory")
             continue
-        stages = {name: (float(np.median([r[name][0] for r in runs])),
-                         *(None if runs[0][name][1] is None else max(r[name][j] for r in runs) for j in (1, 2)))
-                  for name in runs[0]}
+        stages = {}
+        for name in runs[0]:
+            median_s = float(np.median([r[name][0] for r in runs]))
+            peaks = [None if runs[0][name][1] is None else max(r[name][j] for r in runs)
+                     for j in (1, 2)]
+            stages[name] = (median_s, *peaks)
         k = max(1, sequences_per_update // micro_batch_size)
         old_share = (mini_batches - 1) / mini_batches
-        step = (old_share * stages["old-logp"][0] + (stages["fwd+bwd 1st"][0] + (k - 1) * stages["fwd+bwd"][0]
-                                                     + stages["clip+step"][0] / args.ranks) / k,
-                *(None if stages["old-logp"][j] is None else max(s[j] for s in stages.values()) for j in (1, 2)))
+        update_s = (stages["fwd+bwd 1st"][0] + (k - 1) * stages["fwd+bwd"][0]
+                    + stages["clip+step"][0] / args.ranks)
+        step_s = old_share * stages["old-logp"][0] + update_s / k
+        step_peaks = [None if stages["old-logp"][j] is None else max(s[j] for s in stages.values())
+                      for j in (1, 2)]
+        step = (step_s, *step_peaks)
         rows = [("old-logp", stages["old-logp"], forward, None),
                 ("fwd+bwd 1st", stages["fwd+bwd 1st"], 3 * forward, 3 * forward_verl),
                 ("fwd+bwd", stages["fwd+bwd"], 3 * forward, 3 * forward_verl),
@@ -370,17 +491,22 @@ def main(argv=None):
         for name, (seconds, peak, over), flops, flops_verl in rows:
             tflops = flops / seconds / 1e12 if flops else None
             mfu = 100 * tflops / peak_tflops if flops and peak_tflops else None
-            mfu_verl = 100 * flops_verl / seconds / 1e12 / peak_tflops if flops_verl and peak_tflops else None
+            mfu_verl = None
+            if flops_verl and peak_tflops:
+                mfu_verl = 100 * flops_verl / seconds / 1e12 / peak_tflops
+            tokens_per_s = sum(seq_lens) / seconds if flops else None
             print(f"{micro_batch_size:>3} {tokens:>18} {name:>12} {seconds:8.3f} "
-                  f"{fmt(sum(seq_lens) / seconds if flops else None, 9, '.0f')} {fmt(tflops, 8, '.1f')} "
-                  f"{fmt(mfu, 6, '.1f')} {fmt(mfu_verl, 10, '.1f')} {fmt(peak, 9, '.2f')} {fmt(over, 10, '.2f')}")
+                  f"{fmt(tokens_per_s, 9, '.0f')} {fmt(tflops, 8, '.1f')} {fmt(mfu, 6, '.1f')} "
+                  f"{fmt(mfu_verl, 10, '.1f')} {fmt(peak, 9, '.2f')} {fmt(over, 10, '.2f')}")
             tokens = ""
-    print(f"fwd+bwd 1st creates the grads (None between mini-batches; its 'over start' includes them), fwd+bwd adds "
-          f"to them; clip+step: clip, AdamW over ALL params, zero_grad; step/K: {mini_batches - 1}/{mini_batches} "
-          f"old-logp + (fwd+bwd 1st + (K - 1) fwd+bwd + clip+step / {args.ranks}) / K, K = {sequences_per_update} "
-          f"sequences per rank per update / mbs. Peaks hold the whole model's weights, grads and moments (world size "
-          f"1); 'over start' = peak minus what was allocated when the stage began: compare with the budget's "
-          f"activation terms. Peak TFLOP/s {peak_tflops or 'n/a'}; FSDP2's collectives are not timed")
+    print(f"fwd+bwd 1st creates the grads (None between mini-batches; its 'over start' includes "
+          f"them), fwd+bwd adds to them; clip+step: clip, AdamW over ALL params, zero_grad; "
+          f"step/K: {mini_batches - 1}/{mini_batches} old-logp + (fwd+bwd 1st + (K - 1) fwd+bwd "
+          f"+ clip+step / {args.ranks}) / K, K = {sequences_per_update} sequences per rank per "
+          f"update / mbs. Peaks hold the whole model's weights, grads and moments (world size 1); "
+          f"'over start' = peak minus what was allocated when the stage began: compare with the "
+          f"budget's activation terms. Peak TFLOP/s {peak_tflops or 'n/a'}; FSDP2's collectives "
+          f"are not timed")
 
 
 if __name__ == "__main__":

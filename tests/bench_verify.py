@@ -2,9 +2,9 @@
 
     python tests/bench_verify.py [--cases PATH] [--misses]
 
-Prints accuracy on the unambiguous cases (overall and per source), latency (median, p99, max) on the
-same cases and on hostile inputs, and, when math-verify is installed, its accuracy and latency on the
-same cases for comparison. The default case file is ../shared/data/ beside the repository.
+Prints accuracy on the unambiguous cases (overall and per source), latency (median, p99, max) on
+the same cases and on hostile inputs, and, when math-verify is installed, its accuracy and latency
+on the same cases for comparison. The default case file is ../shared/data/ beside the repository.
 """
 import argparse
 import json
@@ -64,7 +64,8 @@ def time_calls(check, cases):
 def summary(seconds):
     ordered = sorted(seconds)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
-    return f"median {statistics.median(ordered) * 1e3:.2f} ms  p99 {p99 * 1e3:.1f} ms  max {ordered[-1] * 1e3:.0f} ms"
+    return (f"median {statistics.median(ordered) * 1e3:.2f} ms  p99 {p99 * 1e3:.1f} ms  "
+            f"max {ordered[-1] * 1e3:.0f} ms")
 
 
 def math_verify_check():
@@ -83,13 +84,16 @@ def math_verify_check():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--cases", default=os.path.join(repo_root, "..", "shared", "data", "verifier_peer_cases.jsonl"))
-    parser.add_argument("--misses", action="store_true", help="print the cases decided against the label")
+    default_cases = os.path.join(repo_root, "..", "shared", "data", "verifier_peer_cases.jsonl")
+    parser.add_argument("--cases", default=default_cases)
+    parser.add_argument("--misses", action="store_true",
+                        help="print the cases decided against the label")
     args = parser.parse_args()
     cases = load_cases(args.cases)
 
-    verify.verify(r"\boxed{x+1}", "1+x")                   # start the sympy worker outside the timing,
-    select.select([verify._workers[1].stdout], [], [], 60)  # and let its spare finish warming up
+    # start the sympy worker outside the timing, and let its spare finish warming up
+    verify.verify(r"\boxed{x+1}", "1+x")
+    select.select([verify._workers[1].stdout], [], [], 60)
     verdicts, seconds = time_calls(verify.verify, cases)
     by_source = defaultdict(lambda: [0, 0])
     for case, verdict in zip(cases, verdicts):
@@ -100,7 +104,8 @@ def main():
             print(f"MISS {case['id']} expected={case['expected']} gold={case['gold'][-80:]!r} "
                   f"pred={case['pred'][-120:]!r} extracted={verify.extract_answer(case['pred'])!r}")
     correct = sum(v == c["expected"] for v, c in zip(verdicts, cases))
-    print(f"verify.py    accuracy {correct}/{len(cases)} = {100 * correct / len(cases):.1f} %   {summary(seconds)}")
+    percent = 100 * correct / len(cases)
+    print(f"verify.py    accuracy {correct}/{len(cases)} = {percent:.1f} %   {summary(seconds)}")
     for source, (right, total) in sorted(by_source.items(), key=lambda kv: -kv[1][1]):
         print(f"    {source:40s} {right:3d}/{total:3d} = {100 * right / total:5.1f} %")
 
@@ -111,7 +116,8 @@ def main():
         verdict = verify.verify(response, gold)
         hostile_seconds.append(time.perf_counter() - start)
         print(f"    hostile {name:22s} -> {verdict!s:5s} {hostile_seconds[-1] * 1e3:8.1f} ms")
-    print(f"hostile inputs: {summary(hostile_seconds)}  canary written: {os.path.exists('/tmp/verify_bench_canary')}")
+    canary = os.path.exists("/tmp/verify_bench_canary")
+    print(f"hostile inputs: {summary(hostile_seconds)}  canary written: {canary}")
 
     check = math_verify_check()
     if check is None:
@@ -120,7 +126,9 @@ def main():
     check(r"\boxed{x+1}", "1+x")
     mv_verdicts, mv_seconds = time_calls(check, cases)
     mv_correct = sum(v == c["expected"] for v, c in zip(mv_verdicts, cases))
-    print(f"math-verify  accuracy {mv_correct}/{len(cases)} = {100 * mv_correct / len(cases):.1f} %   {summary(mv_seconds)}")
+    percent = 100 * mv_correct / len(cases)
+    print(f"math-verify  accuracy {mv_correct}/{len(cases)} = {percent:.1f} %   "
+          f"{summary(mv_seconds)}")
     ratio = statistics.median(seconds) / statistics.median(mv_seconds)
     print(f"median latency ratio verify.py / math-verify = {ratio:.2f}")
 

@@ -2,7 +2,8 @@
 import os
 import sys
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")  # 2 shared cores: more threads only spin (VLLM_CPU.md)
+# 2 shared cores: more threads only spin (VLLM_CPU.md)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -14,15 +15,16 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The tiny preset's model, built once per test session (5 s) into a temporary cache."""
-    import builtin
+    import data
     cache = tmp_path_factory.mktemp("cache")
-    return builtin.resolve_model("builtin:tiny", str(cache))
+    return data.resolve_model("builtin:tiny", str(cache))
 
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_model):
-    """One vLLM-CPU engine on the tiny model for every in-process test: vLLM's parallel state is process-wide, so a
-    second engine's teardown would break the first. Tests push the weights they need before generating."""
+    """One vLLM-CPU engine on the tiny model for every in-process test: vLLM's parallel state is
+    process-wide, so a second engine's teardown would break the first. Tests push the weights they
+    need before generating."""
     import torch
     import rlep
     cfg = rlep.parse_config(["--preset", "tiny"])

