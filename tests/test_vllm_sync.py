@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 import rlep
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def engine(tiny_engine):
     return rlep.parse_config(["--preset", "tiny"]), tiny_engine
 
