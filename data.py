@@ -2,9 +2,11 @@
 
     write_atomic, read_jsonl, append_jsonl     files a crash never leaves half-written
     read_rows, save_pool, load_pool            data rows and the experience pool, checked
-    builtin:tiny:train|val, builtin:arith:*    the tiny and cpu presets' tasks
+    builtin:tiny|arith|arith-mix:train|val     the tiny, cpu and cpu-hard presets' tasks
     builtin:tiny, builtin:smollm2              their models (resolve_model), made offline
     save_checkpoint, load_trainer_state, ...   checkpoints: written whole, pruned, sized
+    linear_gflops                              the machine: matmul speed by dtype
+    step_counts, step_record, log_step         a training step's row of metrics.jsonl
     comparison_table, plot_comparison          a finished run's baseline-vs-RLEP report
 
 Nothing here is downloaded from a model or dataset hub.
@@ -16,6 +18,7 @@ import json
 import math
 import os
 import shutil
+import time
 from dataclasses import asdict
 
 import numpy as np
@@ -169,10 +172,39 @@ def load_pool(path: str) -> list[dict]:
 # ---------------------------------------------------------------------------
 # Built-in tasks and models of the tiny and cpu presets
 
+def chat_rows(problems: dict, prefix: str) -> list[dict]:
+    """Rows of the cpu presets' chat: an empty system turn (no default system prompt, 14
+    tokens less), two worked examples, the question. problems: {question: answer} or
+    {question: (answer, kind)}, a kind becoming the row's data_source."""
+    shots = []
+    for question, answer in (("17 + 25", 42), ("6 * 13", 78)):
+        shots.append({"role": "user", "content": f"What is {question}?"})
+        reply = f"{question} = {answer}.\nAnswer: {answer}"
+        shots.append({"role": "assistant", "content": reply})
+    system = [{"role": "system", "content": ""}]
+    rows = []
+    for i, (question, answer) in enumerate(problems.items()):
+        problem = f"What is {question}?"
+        user = {"role": "user", "content": problem}
+        row = {"id": f"{prefix}-{i}", "problem": problem, "prompt": system + shots + [user]}
+        if isinstance(answer, tuple):
+            answer, row["data_source"] = answer
+        rows.append({**row, "answer": str(answer)})
+    return rows
+
+
+# arith-mix's kinds of problem, easiest first: (first operand, second operand) ranges
+mix_kinds = {"sum-2d": ("+", (10, 100), (10, 100)), "product-1x2d": ("*", (2, 10), (11, 100)),
+             "sum-3d": ("+", (100, 1000), (100, 1000)),
+             "product-1x3d": ("*", (2, 10), (100, 1000))}
+
+
 def builtin_rows(name: str) -> list[dict]:
     """`builtin:tiny:train|val`: the 110 single-digit sums and differences ("3+4").
     `builtin:arith:train|val`: 2-digit sums and 1-digit x 2-digit products, after two
-    worked examples (SmolLM2-135M starts at about 20 %)."""
+    worked examples (SmolLM2-135M starts at about 20 %). `builtin:arith-mix:train|val`: 32
+    problems of each of mix_kinds, 16 to train and 16 to validate, the kind as data_source
+    (the cpu-hard preset)."""
     _, task, split = (name.split(":") + [""])[:3]
     if task == "tiny":
         sums = [(f"{a}+{b}", a + b) for a in range(10) for b in range(10 - a)]
@@ -191,20 +223,22 @@ def builtin_rows(name: str) -> list[dict]:
             else:
                 a, b = rng.integers(2, 10), rng.integers(11, 100)
                 problems[f"{a} * {b}"] = a * b
-        shots = []
-        for question, answer in (("17 + 25", 42), ("6 * 13", 78)):
-            shots.append({"role": "user", "content": f"What is {question}?"})
-            reply = f"{question} = {answer}.\nAnswer: {answer}"
-            shots.append({"role": "assistant", "content": reply})
-        # an empty system turn: no default system prompt (14 tokens less)
-        system = [{"role": "system", "content": ""}]
-        rows = [{"id": f"arith-{i}", "problem": f"What is {q}?", "answer": str(x),
-                 "prompt": system + shots + [{"role": "user", "content": f"What is {q}?"}]}
-                for i, (q, x) in enumerate(problems.items())]
+        rows = chat_rows(problems, "arith")
         splits = {"train": rows[:64], "val": rows[64:]}
-    if task not in ("tiny", "arith") or split not in splits:
-        raise ValueError(f"{name}: unknown built-in data; use builtin:tiny:train|val or "
-                         "builtin:arith:train|val")
+    elif task == "arith-mix":
+        rng = np.random.default_rng(0)
+        splits = {"train": [], "val": []}
+        for kind, (op, first, second) in mix_kinds.items():
+            problems = {}
+            while len(problems) < 32:
+                a, b = int(rng.integers(*first)), int(rng.integers(*second))
+                problems[f"{a} {op} {b}"] = (a + b if op == "+" else a * b, kind)
+            rows = chat_rows(problems, f"mix-{kind}")
+            splits["train"] += rows[:16]
+            splits["val"] += rows[16:]
+    if task not in ("tiny", "arith", "arith-mix") or split not in splits:
+        raise ValueError(f"{name}: unknown built-in data; use builtin:tiny:train|val, "
+                         "builtin:arith:train|val or builtin:arith-mix:train|val")
     return splits[split]
 
 
@@ -411,6 +445,107 @@ def check_disk(out_dir: str, model_path: str, keep: int):
         raise RuntimeError(f"{out_dir}: {have / gib:.1f} GiB free, the run's "
                            f"checkpoints need up to {need['total'] / gib:.1f} GiB: free "
                            "some, lower --keep_checkpoints, or use another --out_dir")
+
+
+# ---------------------------------------------------------------------------
+# The machine: how fast the trainer's matmuls run here (rlep.resolve_dtype picks by it)
+
+def linear_gflops(dtype: str, model_path: str, tokens: int = 1024) -> float:
+    """GFLOP/s of a forward and backward through the model's MLP up-projection on the
+    CPU, as the trainer runs it: float32 weights, bf16 through autocast."""
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(model_path)
+    x = torch.randn(tokens, config.hidden_size, requires_grad=True)
+    weight = torch.randn(config.intermediate_size, config.hidden_size,
+                         requires_grad=True)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16,
+                              enabled=dtype == "bfloat16", cache_enabled=False)
+    seconds = []
+    # the first pass warms the kernels up: not timed
+    for _ in range(4):
+        start = time.perf_counter()
+        with autocast:
+            out = torch.nn.functional.linear(x, weight)  # (tokens, I)
+        out.float().sum().backward()
+        seconds.append(time.perf_counter() - start)
+    flops = 3 * 2 * tokens * config.hidden_size * config.intermediate_size
+    return flops / min(seconds[1:]) / 1e9
+
+
+# ---------------------------------------------------------------------------
+# Step metrics: a row of metrics.jsonl, from every rank's counts (rlep.train)
+
+def step_counts(groups: list[list], tokenizer, cfg, stop_ids: list[int], update: dict) -> dict:
+    """This rank's sums for the step's metrics (step_record adds the ranks'); groups: lists
+    of rlep.Sample, cfg: rlep.Config, update: rlep.ppo_update's summary (its token counts)."""
+    fresh = [s for g in groups for s in g if not s.replay]
+    # vLLM's sampling log-probs against π_θold catch stale weights, a wrong temperature or
+    # stop, a precision drift; one copy to the host
+    old = torch.cat([s.old_logprobs for s in fresh]).tolist() if fresh else []
+    sampled = [lp for s in fresh for lp in s.vllm_logprobs]
+    gaps = [abs(a - b) for a, b in zip(old, sampled)]
+    # a prompt's visit; RLEP: rescued, every fresh sample wrong and a replay right
+    visits = []
+    for group in groups:
+        fresh_correct = sum(s.correct for s in group if not s.replay)
+        replays = [s for s in group if s.replay]
+        rescued = fresh_correct == 0 and any(s.correct for s in replays)  # RLEP
+        visits.append({"id": group[0].row_id, "fresh_correct": fresh_correct,
+                       "replays": len(replays), "rescued": rescued})
+    ends = collections.Counter()
+    for s in fresh:
+        # the stop token that ended a response, or "length" if it was cut at L_max
+        cut = len(s.completion_ids) >= cfg.max_response_len
+        last = s.completion_ids[-1]
+        token = tokenizer.convert_ids_to_tokens(last)
+        ends["length" if cut and last not in stop_ids else token] += 1
+    return {"samples": sum(map(len, groups)), "fresh": len(fresh),
+            "correct": sum(s.correct for s in fresh),
+            "tokens": sum(len(s.completion_ids) for s in fresh),
+            "reward": sum(s.reward for g in groups for s in g), "groups": len(groups),
+            "zero_std": sum(all(s.advantage == 0 for s in g) for g in groups),
+            "rescued": sum(v["rescued"] for v in visits),
+            "pooled": sum(v["replays"] > 0 for v in visits),
+            "gap_sum": sum(gaps), "gap_max": max(gaps, default=0.0),
+            "ends": dict(ends), "visits": visits,
+            "trained_tokens": update["trained_tokens"],
+            "trained_response_tokens": update["trained_response_tokens"]}
+
+
+def step_record(ranks: list[dict]) -> dict:
+    """The step's metrics from every rank's step_counts."""
+    total = collections.Counter()
+    ends = collections.Counter()
+    visits = []
+    for counts in ranks:
+        ends.update(counts["ends"])
+        visits += counts["visits"]
+        sums = {k: v for k, v in counts.items() if k not in ("ends", "visits")}
+        # update adds negative sums too (a Counter's + would drop them)
+        total.update(sums)
+    return {"reward_mean": total["reward"] / total["samples"],
+            "acc_fresh": total["correct"] / total["fresh"],
+            "response_len": total["tokens"] / total["fresh"],
+            "zero_std_frac": total["zero_std"] / total["groups"],
+            # RLEP: m / (n + m)
+            "replay_frac": 1 - total["fresh"] / total["samples"],
+            # RLEP: prompts whose signal came from replays only, and their share of
+            # the visits to pooled prompts
+            "rescued": total["rescued"],
+            "rescued_frac": total["rescued"] / max(1, total["pooled"]),
+            "ends": {k: v / total["fresh"] for k, v in ends.items()},
+            "logprob_gap_mean": total["gap_sum"] / total["tokens"],
+            "logprob_gap_max": max(r["gap_max"] for r in ranks),
+            "trained_tokens": total["trained_tokens"],
+            "trained_response_tokens": total["trained_response_tokens"],
+            "visits": visits}
+
+
+def log_step(part: str, step: int, steps: int, record: dict):
+    keys = ("reward_mean", "acc_fresh", "response_len", "replay_frac", "rescued", "clip_frac",
+            "grad_norm", "logprob_gap_max", "val_acc", "t_generation", "t_training")
+    shown = [f"{k} {record[k]:.3g}" for k in keys if k in record]
+    print(f"{part} step {step}/{steps} | " + " | ".join(shown), flush=True)
 
 
 # ---------------------------------------------------------------------------

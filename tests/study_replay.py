@@ -1,25 +1,31 @@
-"""What replay buys on the embedded default, with the paper's filtering confound separated: per
-seed, three arms.
+"""What replay buys, with its confounds separated: per seed, six arms of a CPU preset, all
+validated on the same draws (seed, step, problem) over the same training steps.
 
-    arm 1  baseline  phase one on all 64 training prompts (run folder seedS)
-    arm 2  control   the baseline on the pool's prompts only, --phase1_prompts pool
-                     (seedS-control)
-    arm 3  RLEP      phase two: from the base model on the pool's prompts,
-                     n = 8 fresh + m = 2 replayed
-Arms 1 and 3 are one `python rlep.py` (phase one, the collection, phase two); arm 2 reuses that
-seed's pool. All arms validate on the same draws at the same step (seed, step, problem). Runs
-already finished are reused, so a stopped study resumes. Writes results.json, table.md and
-study.png into --out_dir.
+    A1  baseline, all prompts     phase one of `python rlep.py` (folder seedS)
+    A2  baseline, pool's prompts  --phase 1 --phase1_prompts pool --pool A3's pool (seedS-A2)
+    A3  RLEP, as the paper        phase two of seedS: the pool's prompts, n fresh + m replayed
+    A4  RLEP, all prompts         --phase 2 --phase2_prompts all --pool A3's pool (seedS-A4)
+    A5  replays imitated          --phase 2 --replay_loss nll --pool A3's pool (seedS-A5)
+    A6  RLEP, pool at T = 1.0     seedS's phase-one checkpoint, a second collection at
+                                  --collect_temperature 1.0, then phase two (seedS-A6)
 
-    # README: the command, its time and its table
-    python tests/study_replay.py --seeds 1 2 3 4 5 --val_k 8
-    # tables and figure from finished runs
-    python tests/study_replay.py --seeds 1 2 3 --report_only
+A run that finished (its timings.json) is reused, one cut short is resumed, so a stopped study
+continues where it stopped; it prints its expected time at the start. A finished seed's
+checkpoints are deleted (their metrics stay): five seeds would otherwise hold ~50 GB. Writes
+results.json, table.md and study.png into --out_dir.
+
+    python tests/study_replay.py --preset cpu-hard --seeds 1 2 3 4 5
+    python tests/study_replay.py --preset cpu --seeds 1 2 3 4 5
+    python tests/study_replay.py --preset cpu-hard --seeds 1 2 3 4 5 --report_only
+    python tests/study_replay.py --preset tiny --seeds 1 2 --val_k 4   # the script, in minutes
 """
 import argparse
+import collections
+import glob
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -28,160 +34,213 @@ import numpy as np
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
-import rlep  # noqa: E402  (read_jsonl, comparison of curves)
+import rlep  # noqa: E402
 
-arms = {"baseline": "arm 1: baseline, all prompts", "control": "arm 2: baseline, pool's prompts",
-        "rlep": "arm 3: RLEP (replay)"}
+# arm -> (label, folder suffix, part whose curve it is)
+arms = {"A1": ("baseline, all prompts", "", "phase1"),
+        "A2": ("baseline, pool's prompts", "-A2", "phase1"),
+        "A3": ("RLEP (the paper)", "", "phase2"),
+        "A4": ("RLEP, all prompts", "-A4", "phase2"),
+        "A5": ("replays imitated (nll)", "-A5", "phase2"),
+        "A6": ("RLEP, pool at T = 1.0", "-A6", "phase2")}
+contrasts = [("A3", "A2"), ("A4", "A1"), ("A3", "A5"), ("A3", "A6"), ("A3", "A1")]
+# seconds of each run on the project's machine (bf16), until finished runs say better
+default_seconds = {"cpu-hard": {"": 480, "-A2": 150, "-A4": 160, "-A5": 150, "-A6": 370},
+                   "cpu": {"": 260, "-A2": 130, "-A4": 140, "-A5": 130, "-A6": 160},
+                   "tiny": {"": 20, "-A2": 15, "-A4": 15, "-A5": 15, "-A6": 15}}
 
 
-def run(command: list, log: str):
-    print(" ".join(command), flush=True)
-    with open(log, "a") as f:
-        if subprocess.run(command, cwd=repo, stdout=f, stderr=subprocess.STDOUT).returncode != 0:
-            raise SystemExit(f"failed: {' '.join(command)} (see {log})")
-
-
-def run_seed(out: str, seed: int, extra: list):
-    """The two rlep.py runs of one seed, unless they finished before (their last checkpoints
-    exist)."""
+def runs_of(out: str, seed: int, settings: list, cfg) -> list:
+    """(folder, rlep.py flags) of a seed's five runs, in the order they must run."""
     main = os.path.join(out, f"seed{seed}")
-    control = os.path.join(out, f"seed{seed}-control")
-    cfg = rlep.parse_config(["--seed", str(seed), *extra])
-    if not os.path.isdir(rlep.checkpoint_path(os.path.join(main, "phase2"), cfg.phase2_steps)):
-        resume = ["--resume"] if os.path.isdir(main) else []
-        command = [sys.executable, "rlep.py", "--seed", str(seed), "--out_dir", main,
-                   *extra, *resume]
-        run(command, main + ".log")
-    if not os.path.isdir(rlep.checkpoint_path(os.path.join(control, "phase1"), cfg.phase1_steps)):
-        resume = ["--resume"] if os.path.isdir(control) else []
-        pool = os.path.join(main, "collect", "pool.jsonl")
-        command = [sys.executable, "rlep.py", "--seed", str(seed), "--out_dir", control,
-                   "--phase", "1", "--phase1_prompts", "pool", "--pool", pool, *extra, *resume]
-        run(command, control + ".log")
+    pool = os.path.join(main, "collect", "pool.jsonl")
+    return [(main, settings),
+            (main + "-A2", settings + ["--phase", "1", "--phase1_prompts", "pool", "--pool", pool,
+                                       "--phase1_steps", str(cfg.phase2_steps)]),
+            (main + "-A4", settings + ["--phase", "2", "--pool", pool, "--phase2_prompts", "all"]),
+            (main + "-A5", settings + ["--phase", "2", "--pool", pool, "--replay_loss", "nll"]),
+            (main + "-A6", settings + ["--collect_temperature", "1.0"])]
 
 
-def curves(out: str, seed: int) -> dict:
-    """arm -> (steps, validation accuracy, metrics rows) of one seed."""
-    parts = {"baseline": (f"seed{seed}", "phase1"), "control": (f"seed{seed}-control", "phase1"),
-             "rlep": (f"seed{seed}", "phase2")}
-    found = {}
-    for arm, (folder, part) in parts.items():
-        rows = rlep.read_jsonl(os.path.join(out, folder, part, "metrics.jsonl"))
-        points = [(r["step"], r["val_acc"]) for r in rows if "val_acc" in r]
-        found[arm] = (np.array([s for s, _ in points]), np.array([a for _, a in points]), rows)
-    return found
+def finished(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "timings.json"))
 
 
-def cost_until(rows: list, step: int, per_step: int) -> tuple:
-    """Responses and response tokens generated by training steps 1..step (fresh samples only:
-    replays are reused)."""
-    done = [r for r in rows if 0 < r["step"] <= step]
-    return per_step * len(done), sum(r["response_len"] * per_step for r in done)
+def run(folder: str, flags: list, main_folder: str):
+    if folder.endswith("-A6") and not os.path.exists(os.path.join(folder, "phase1")):
+        # phase one is A3's: its checkpoint builds the second pool
+        os.makedirs(folder, exist_ok=True)
+        os.symlink(os.path.abspath(os.path.join(main_folder, "phase1")),
+                   os.path.join(folder, "phase1"))
+    resume = ["--resume"] if os.path.isfile(os.path.join(folder, "config.json")) else []
+    command = [sys.executable, "rlep.py", "--out_dir", folder, *flags, *resume]
+    print(" ".join(command), flush=True)
+    with open(folder + ".log", "a") as log:
+        done = subprocess.run(command, cwd=repo, stdout=log, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        raise SystemExit(f"failed: {' '.join(command)} (see {folder}.log)")
 
 
-def interval(values: list) -> str:
-    """mean and a 95 % t-interval over seeds."""
+def expected_seconds(out: str, seeds: list, settings: list, cfg) -> float:
+    """The runs still to do, each at the mean time of its finished kind (else the default)."""
+    spent = collections.defaultdict(list)
+    todo = []
+    for seed in seeds:
+        for folder, _ in runs_of(out, seed, settings, cfg):
+            kind = folder[len(os.path.join(out, f"seed{seed}")):]
+            if finished(folder):
+                spent[kind].append(json.load(open(os.path.join(folder, "timings.json")))["total_s"])
+            else:
+                todo.append(kind)
+    default = default_seconds[cfg.preset]
+    return sum(np.mean(spent[k]) if spent[k] else default[k] for k in todo)
+
+
+def curve(folder: str, part: str, steps: int) -> tuple:
+    """(steps, val_acc, metrics rows, {kind: val_acc}) of a part, up to `steps`."""
+    rows = [r for r in rlep.read_jsonl(os.path.join(folder, part, "metrics.jsonl"))
+            if r["step"] <= steps]
+    points = [r for r in rows if "val_acc" in r]
+    kinds = {k[len("val_acc/"):]: np.array([r[k] for r in points])
+             for k in points[0] if k.startswith("val_acc/")}
+    return (np.array([r["step"] for r in points]), np.array([r["val_acc"] for r in points]),
+            rows, kinds)
+
+
+def interval(values) -> str:
+    """mean and a 95 % t-interval over seeds, in points."""
     values = np.asarray(values, dtype=float)
     # two-sided 95 % quantiles of Student's t, by degrees of freedom
-    t95_by_dof = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-    t95 = t95_by_dof.get(len(values) - 1, 2.0)
-    half = t95 * values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+    t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+    half = float("nan")
+    if len(values) > 1:
+        half = t95.get(len(values) - 1, 2.0) * values.std(ddof=1) / math.sqrt(len(values))
     mean = values.mean()
     return f"{100 * mean:+.1f} [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}]"
 
 
-def report(out: str, seeds: list, extra: list):
-    cfg = rlep.parse_config(extra)
+def responses_until(rows: list, step: int, per_step: int) -> int:
+    """Fresh responses generated by training steps 1..step (replays are reused, not made)."""
+    return per_step * sum(1 for r in rows if 0 < r["step"] <= step)
+
+
+def next_visits(rows: list, n: int) -> dict:
+    """The fresh accuracy (of n samples) at a prompt's next visit, by what happened at the
+    visit before: rescued, pooled and not rescued, all fresh wrong without replays."""
+    last = {}
+    found = collections.defaultdict(list)
+    for r in rows:
+        for visit in r.get("visits", []):
+            before = last.get(visit["id"])
+            if before is not None:
+                accuracy = visit["fresh_correct"] / n
+                if before["rescued"]:
+                    found["rescued"].append(accuracy)
+                elif before["replays"]:
+                    found["pooled, not rescued"].append(accuracy)
+                elif before["fresh_correct"] == 0:
+                    found["all fresh wrong, no replay"].append(accuracy)
+            last[visit["id"]] = visit
+    return found
+
+
+def report(out: str, seeds: list, cfg):
     per_step = cfg.prompts_per_step * cfg.n
-    data = {seed: curves(out, seed) for seed in seeds}
-    steps = data[seeds[0]]["baseline"][0]
-    n_val = len(rlep.read_rows(cfg.val_file)) * cfg.val_k
-    step_cells = " | ".join(f"step {s}" for s in steps)
-    lines = [f"Validation: avg@{cfg.val_k} on {n_val // cfg.val_k} held-out problems "
-             f"({n_val} samples per point); {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
-             "mean over seeds (sd over seeds).",
-             "",
-             "| arm | " + step_cells + " | peak | final | reaches arm 1's peak at |",
-             "|---" * (len(steps) + 4) + "|"]
-    results = {"seeds": seeds, "steps": steps.tolist(), "arms": {}}
-    for arm, label in arms.items():
-        acc = np.array([data[s][arm][1] for s in seeds])  # (seeds, points)
-        peaks = acc.max(1)
-        finals = acc[:, -1]
-        reach = []
-        for s in seeds:
-            target = data[s]["baseline"][1].max()
-            hits = [int(st) for st, a in zip(*data[s][arm][:2]) if a >= target]
-            reach.append(hits[0] if hits else None)
-        means = acc.mean(0)
-        sds = acc.std(0, ddof=1)
-        cells = [f"{100 * m:.1f} ({100 * sd:.1f})" for m, sd in zip(means, sds)]
-        reached = ", ".join("never" if r is None else f"{r}" for r in reach)
-        peak_final = f" | {100 * peaks.mean():.1f} | {100 * finals.mean():.1f} | "
-        lines.append(f"| {label} | " + " | ".join(cells) + peak_final + reached + " |")
-        results["arms"][arm] = {"acc": acc.tolist(), "reach": reach}
-    # standard error of one point: binomial sampling noise of avg@k over problems and samples
-    se = math.sqrt(np.mean([p * (1 - p) for s in seeds for p in data[s]["baseline"][1]]) / n_val)
-    lines += ["",
-              f"Standard error of one avg@{cfg.val_k} point from sampling alone: "
-              f"about {100 * se:.1f} points.",
-              "",
-              "Paired differences (same seed, same validation draws), "
-              "mean [95 % interval over seeds], points:",
-              "",
-              f"| difference | peak | final | mean over steps {steps[1]}-{steps[-1]} |",
-              "|---|---|---|---|"]
-    for a, b in (("rlep", "baseline"), ("rlep", "control"), ("control", "baseline")):
-        pa = np.array(results["arms"][a]["acc"])
-        pb = np.array(results["arms"][b]["acc"])
-        name_a = arms[a].split(':')[0]
-        name_b = arms[b].split(':')[0]
-        lines.append(f"| {name_a} - {name_b} | {interval(pa.max(1) - pb.max(1))} | "
-                     f"{interval(pa[:, -1] - pb[:, -1])} | "
-                     f"{interval((pa[:, 1:] - pb[:, 1:]).mean(1))} |")
-    # compute to reach arm 1's peak; RLEP also pays for phase one (up to collect_step) and
-    # the collection
-    lines += ["",
-              "Generated responses (and response tokens) until each arm first reaches "
-              "arm 1's peak, per seed; arm 3 includes phase one up to the collection checkpoint "
-              "and the collection itself:",
-              "",
-              "| seed | pool prompts | rescued prompt-steps | arm 1 | arm 2 "
-              "| arm 3 (of which phase one + collection) |",
-              "|---|---|---|---|---|---|"]
+    horizon = cfg.phase2_steps
+    found = {}
+    for seed in seeds:
+        for arm, (_, suffix, part) in arms.items():
+            folder = os.path.join(out, f"seed{seed}{suffix}")
+            found[seed, arm] = curve(folder, part, horizon)
+    steps = found[seeds[0], "A1"][0]
+    n_val = len(rlep.read_rows(cfg.val_file))
+    lines = [f"Preset {cfg.preset}: validation avg@{cfg.val_k} on {n_val} held-out problems "
+             f"every {cfg.val_every} steps; {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
+             "mean over seeds (sd over seeds), in %; peak: the best point after step 0 (step 0 "
+             "is the same base model in every arm).", "",
+             "| arm | " + " | ".join(f"step {s}" for s in steps) + " | peak | final |",
+             "|---" * (len(steps) + 3) + "|"]
+    results = {"preset": cfg.preset, "seeds": seeds, "steps": steps.tolist(), "arms": {}}
+    for arm, (label, _, _) in arms.items():
+        acc = np.array([found[s, arm][1] for s in seeds])  # (seeds, points)
+        spread = acc.std(0, ddof=1) if len(seeds) > 1 else 0 * acc[0]
+        cells = [f"{100 * m:.1f} ({100 * sd:.1f})" for m, sd in zip(acc.mean(0), spread)]
+        lines.append(f"| {arm}: {label} | " + " | ".join(cells)
+                     + f" | {100 * acc[:, 1:].max(1).mean():.1f} | {100 * acc[:, -1].mean():.1f} |")
+        results["arms"][arm] = {"acc": acc.tolist()}
+    lines += ["", "Paired differences (same seed, same validation draws), mean [95 % t-interval "
+              "over seeds], points:", "", "| difference | peak | final |", "|---|---|---|"]
+    for a, b in contrasts:
+        pa, pb = np.array(results["arms"][a]["acc"]), np.array(results["arms"][b]["acc"])
+        peaks = pa[:, 1:].max(1) - pb[:, 1:].max(1)
+        lines.append(f"| {a} - {b} | {interval(peaks)} | "
+                     f"{interval(pa[:, -1] - pb[:, -1])} |")
+    kinds = sorted(found[seeds[0], "A1"][3])
+    if kinds:
+        lines += ["", "Final validation accuracy by kind (data_source), mean over seeds, %:", "",
+                  "| arm | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+        for arm in arms:
+            cells = [f"{100 * np.mean([found[s, arm][3][k][-1] for s in seeds]):.1f}"
+                     for k in kinds]
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    # the pools and the rescues
+    lines += ["", f"Per seed: the pools (prompts of the training set, collected at T = "
+              f"{cfg.collect_temperature} and, for A6, 1.0), and the rescued visits of phase two "
+              f"(steps 1-{horizon}; in brackets, of steps 1-3: their share of the visits to pooled "
+              "prompts):", "", "| seed | pool | pool A6 | A3 | A4 | A5 | A6 |", "|---" * 7 + "|"]
     num_train = len(rlep.read_rows(cfg.train_file))
     for s in seeds:
-        pool = rlep.read_jsonl(os.path.join(out, f"seed{s}", "collect", "pool.jsonl"))
-        progress = rlep.read_jsonl(os.path.join(out, f"seed{s}", "collect", "progress.jsonl"))
-        collect_responses = len(progress) * cfg.collect_k
-        collect_tokens = sum(row["tokens"] for row in progress)
-        before = cost_until(data[s]["baseline"][2], cfg.collect_step, per_step)
-        cells = []
-        for arm, reach in ((a, results["arms"][a]["reach"][seeds.index(s)]) for a in arms):
-            if reach is None:
-                cells.append("never")
+        main = os.path.join(out, f"seed{s}")
+        pools = [len(rlep.read_jsonl(os.path.join(f, "collect", "pool.jsonl")))
+                 for f in (main, main + "-A6")]
+        cells = [f"{pools[0]} of {num_train}", f"{pools[1]} of {num_train}"]
+        for arm in ("A3", "A4", "A5", "A6"):
+            rows = [r for r in found[s, arm][2] if r["step"] > 0]
+            early = [r for r in rows if r["step"] <= 3]
+            pooled = sum(v["replays"] > 0 for r in early for v in r["visits"])
+            share = sum(r["rescued"] for r in early) / max(1, pooled)
+            cells.append(f"{sum(r['rescued'] for r in rows)} ({100 * share:.0f} %)")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    # compute until A1's peak
+    lines += ["", "Fresh responses generated until an arm first reaches A1's peak (the step in "
+              "brackets); the replay arms also pay phase one up to the collection's checkpoint "
+              "and the collection (K per training prompt); never: not reached within "
+              f"{horizon} steps:", "", "| seed | " + " | ".join(arms) + " |",
+              "|---" * (len(arms) + 1) + "|"]
+    for s in seeds:
+        main = os.path.join(out, f"seed{s}")
+        target = found[s, "A1"][1][1:].max()
+        before = responses_until(found[s, "A1"][2], cfg.collect_step, per_step)
+        costs = []
+        for arm in arms:
+            st, acc, rows, _ = found[s, arm]
+            hits = [int(x) for x, a in zip(st, acc) if x > 0 and a >= target]
+            if not hits:
+                costs.append("never")
                 continue
-            responses, tokens = cost_until(data[s][arm][2], reach, per_step)
-            if arm == "rlep":
-                responses = responses + before[0] + collect_responses
-                tokens = tokens + before[1] + collect_tokens
-            cells.append(f"{responses} ({tokens / 1000:.0f}k)")
-        rescued = sum(r.get("rescued_prompts", 0) for r in data[s]["rlep"][2])
-        lines.append(f"| {s} | {len(pool)} of {num_train} | {rescued} | {cells[0]} | {cells[1]} | "
-                     f"{cells[2]} ({before[0] + collect_responses}) |")
-    # as rlep.ppo_update counts them
-    mini_batch = cfg.mini_batch_prompts * cfg.n
-    updates = [max(1, round(cfg.prompts_per_step * per_prompt / mini_batch))
-               for per_prompt in (cfg.n, cfg.n + cfg.replay_m)]
-    if updates[0] == updates[1]:
-        comparison = "the same number in every arm."
-    else:
-        comparison = "arm 3 takes more."
-    lines += ["",
-              f"Optimizer steps per training step: {updates[0]} in arms 1 and 2 "
-              f"({per_step} sequences), {updates[1]} in arm 3 "
-              f"({cfg.prompts_per_step * (cfg.n + cfg.replay_m)} sequences, mini-batches of "
-              f"{mini_batch}): " + comparison]
+            cost = responses_until(rows, hits[0], per_step)
+            if arm in ("A3", "A4", "A5", "A6"):
+                collection = os.path.join(main + ("-A6" if arm == "A6" else ""), "collect")
+                tried = len(rlep.read_jsonl(os.path.join(collection, "progress.jsonl")))
+                cost += before + tried * cfg.collect_k
+            costs.append(f"{cost} ({hits[0]})")
+        lines.append(f"| {s} | " + " | ".join(costs) + " |")
+    # the mechanism: does a rescue change the next visit?
+    mechanism = collections.defaultdict(list)
+    for s in seeds:
+        for arm in ("A3", "A2"):
+            for kind, values in next_visits(found[s, arm][2], cfg.n).items():
+                mechanism[f"{arm}: {kind}"] += values
+    lines += ["", f"Fresh-sample accuracy at a prompt's next visit (within the {horizon} steps, "
+              "all seeds pooled), by what happened at the visit before:", "",
+              "| visit before | next visits | fresh accuracy at the next visit |", "|---|---|---|"]
+    if not mechanism:
+        lines.append("| (no prompt was visited twice within the steps) | 0 | |")
+    for kind, values in sorted(mechanism.items()):
+        se = np.std(values, ddof=1) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+        lines.append(f"| {kind} | {len(values)} | {100 * np.mean(values):.1f} % "
+                     f"(SE {100 * se:.1f}) |")
+    results["mechanism"] = dict(mechanism)
     table = "\n".join(lines)
     open(os.path.join(out, "table.md"), "w").write(table + "\n")
     json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1)
@@ -194,33 +253,67 @@ def plot(out: str, steps, results: dict):
         import matplotlib.pyplot as plt
     except ImportError:
         return print("no plot: matplotlib is not installed")
-    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
-    for i, (arm, label) in enumerate(arms.items()):
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    for i, (arm, (label, _, _)) in enumerate(arms.items()):
         acc = 100 * np.array(results["arms"][arm]["acc"])
-        mean, sd = acc.mean(0), acc.std(0, ddof=1) if len(acc) > 1 else 0 * acc.mean(0)
-        ax.plot(steps, mean, marker=".", color=f"C{i}", label=label)
-        ax.fill_between(steps, mean - sd, mean + sd, color=f"C{i}", alpha=0.15)
-    ax.set(xlabel="training step", ylabel="validation avg@k (%)",
-           title=f"mean over {len(results['seeds'])} seeds, band: ± 1 sd over seeds")
-    ax.legend()
-    fig.savefig(os.path.join(out, "study.png"), dpi=120)
-    print(f"plot: {os.path.join(out, 'study.png')}")
+        mean = acc.mean(0)
+        sd = acc.std(0, ddof=1) if len(acc) > 1 else 0 * mean
+        style = "--" if arm in ("A1", "A2") else "-"
+        left.plot(steps, mean, style, marker=".", color=f"C{i}", label=f"{arm}: {label}")
+        left.fill_between(steps, mean - sd, mean + sd, color=f"C{i}", alpha=0.1)
+    left.set(xlabel="training step", ylabel=f"validation avg@k (%)",
+             title=f"{results['preset']}: mean over {len(results['seeds'])} seeds, band ± 1 sd")
+    left.legend(fontsize=8)
+    kinds = sorted(results["mechanism"])
+    means = [100 * np.mean(results["mechanism"][k]) for k in kinds]
+    errors = [100 * np.std(results["mechanism"][k], ddof=1)
+              / math.sqrt(len(results["mechanism"][k])) if len(results["mechanism"][k]) > 1
+              else 0 for k in kinds]
+    right.barh(range(len(kinds)), means, xerr=errors, color="C7")
+    right.set_yticks(range(len(kinds)),
+                     [f"{k} (n={len(results['mechanism'][k])})" for k in kinds], fontsize=8)
+    right.set(xlabel="fresh accuracy at the next visit (%, ± 1 SE)",
+              title="after a rescue, and without one")
+    path = os.path.join(out, "study.png")
+    fig.savefig(path, dpi=120)
+    print(f"plot: {path}")
+
+
+def drop_checkpoints(out: str, seed: int):
+    """A finished seed's step_NNNNNN folders (its metrics, pools and logs stay)."""
+    for folder in glob.glob(os.path.join(out, f"seed{seed}*", "phase*", "step_*")):
+        if not os.path.islink(os.path.dirname(folder)):
+            shutil.rmtree(folder)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="cpu-hard", choices=["cpu", "cpu-hard", "tiny"],
+                        help="tiny: a smoke run of the study in minutes")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    parser.add_argument("--val_k", type=int, default=8,
-                        help="validation samples per problem (the default run: 4)")
-    parser.add_argument("--out_dir", default="runs/study")
+    parser.add_argument("--val_k", type=int, default=8)
+    parser.add_argument("--val_every", type=int, default=2)
+    parser.add_argument("--out_dir", default=None, help="default: runs/study-PRESET")
     parser.add_argument("--report_only", action="store_true")
     args = parser.parse_args()
-    os.makedirs(args.out_dir, exist_ok=True)
-    extra = ["--val_k", str(args.val_k)]
+    out = args.out_dir or os.path.join("runs", f"study-{args.preset}")
+    os.makedirs(out, exist_ok=True)
+    settings = ["--preset", args.preset, "--val_k", str(args.val_k),
+                "--val_every", str(args.val_every)]
+    cfg = rlep.parse_config(settings)
     start = time.time()
-    for seed in [] if args.report_only else args.seeds:
-        run_seed(args.out_dir, seed, extra)
-    report(args.out_dir, args.seeds, extra)
+    if not args.report_only:
+        expected = expected_seconds(out, args.seeds, settings, cfg)
+        print(f"study {args.preset}, seeds {args.seeds}: expected {expected / 60:.0f} min "
+              "more on this machine", flush=True)
+        for seed in args.seeds:
+            runs = runs_of(out, seed, [*settings, "--seed", str(seed)], cfg)
+            for folder, flags in runs:
+                if not finished(folder):
+                    run(folder, flags, runs[0][0])
+            drop_checkpoints(out, seed)
+            print(f"seed {seed} done after {(time.time() - start) / 60:.0f} min", flush=True)
+    report(out, args.seeds, cfg)
     print(f"study time {time.time() - start:.0f} s")
 
 

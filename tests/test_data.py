@@ -136,22 +136,24 @@ def test_token_logprobs_match_a_direct_forward(share_prompts):
     assert (logps[batch["completion_mask"] == 0] == 0).all()
 
 
-def test_compute_dtype_follows_the_hardware(monkeypatch):
+def test_compute_dtype_is_the_faster_one_measured_here(monkeypatch, tiny_model):
     cpu = torch.device("cpu")
-    # --dtype always wins
-    assert rlep.resolve_dtype("float32", torch.device("cuda"))[0] == "float32"
-    assert rlep.resolve_dtype("auto", torch.device("cuda"))[0] == "bfloat16"
-    cases = [("AVX2", True, True, "float32"),
-             ("AVX512", False, False, "float32"),
-             ("AVX512", True, False, "bfloat16"),
-             ("AVX512", False, True, "bfloat16"),
-             ("DEFAULT", False, False, "float32")]
-    for capability, avx512_bf16, amx, expected in cases:
-        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
-        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-        dtype, why = rlep.resolve_dtype("auto", cpu)
-        assert dtype == expected and why
+    # --dtype always wins; a GPU takes bf16 without a measurement
+    assert rlep.resolve_dtype("float32", torch.device("cuda"), tiny_model).dtype == "float32"
+    gpu = rlep.resolve_dtype("auto", torch.device("cuda"), tiny_model)
+    assert gpu.dtype == "bfloat16" and gpu.gflops == {}
+    # the real measurement: both speeds positive, the choice follows them
+    real = rlep.resolve_dtype("auto", cpu, tiny_model)
+    assert set(real.gflops) == {"float32", "bfloat16"} and min(real.gflops.values()) > 0
+    faster = real.gflops["bfloat16"] >= 1.5 * real.gflops["float32"]
+    assert real.dtype == ("bfloat16" if faster else "float32")
+    assert "measured here" in real.why
+    # bf16 only where it pays: 1.5x the float32 speed
+    for bf16_speed, expected in ((100.0, "float32"), (149.0, "float32"), (150.0, "bfloat16")):
+        speeds = {"float32": 100.0, "bfloat16": bf16_speed}
+        monkeypatch.setattr(rlep, "linear_gflops", lambda name, path: speeds[name])
+        choice = rlep.resolve_dtype("auto", cpu, tiny_model)
+        assert choice.dtype == expected and str(int(bf16_speed)) in choice.why
 
 
 def test_paper_preset_grades_with_the_paper_rule(tiny_model):

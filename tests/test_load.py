@@ -4,6 +4,8 @@ gloo) with the real SmolLM2-135M saved in bfloat16, as Qwen2.5-Math-7B is shippe
 weights, the tie of the head to the embedding and the rotary buffers equal a direct load,
 and rank 1's peak memory stays below rank 0's by most of the model's fp32 size.
 Run: python -m pytest -q tests/test_load.py"""
+import gc
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -38,6 +40,10 @@ def load(rank, port, model_dir, out):
     tied = model.lm_head.weight is model.model.embed_tokens.weight
     torch.save({"peak": peak, "weights": weights, "buffers": buffers, "tied": tied},
                out / f"rank{rank}.pt")
+    # FSDP2's modules sit in reference cycles holding gloo's work objects: freed while the
+    # group lives, or their threads can abort the process at exit
+    del policy, model
+    gc.collect()
     dist.destroy_process_group()
 
 

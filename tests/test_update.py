@@ -4,6 +4,7 @@ in a mini-batch; π_θold is the policy at the step's start in every epoch; a re
 hands torch a CPU RNG state.
 Run: python -m pytest -q tests/test_update.py"""
 import copy
+import gc
 
 import numpy as np
 import pytest
@@ -47,6 +48,10 @@ def update(rank, world, port, model_path, cfg, groups, out):
     weights = get_model_state_dict(policy.model, options=options)
     if rank == 0:
         torch.save({"weights": weights, "stats": stats}, out)
+    # FSDP2's modules sit in reference cycles holding gloo's work objects: freed while the
+    # group lives, or their threads can abort the process at exit
+    del policy, optimizer
+    gc.collect()
     if world > 1:
         dist.destroy_process_group()
 
