@@ -31,6 +31,7 @@ import sys
 import time
 
 import numpy as np
+import torch
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
@@ -64,6 +65,23 @@ def runs_of(out: str, seed: int, settings: list, cfg) -> list:
 
 def finished(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, "timings.json"))
+
+
+def set_aside_other_dtype(runs: list, dtype: str):
+    """Arms compare at one precision: a run in another dtype is renamed FOLDER.DTYPE (kept,
+    not deleted) and run again; if the seed's main run goes, so do the runs on its pool."""
+    def dtype_of(folder):
+        path = os.path.join(folder, "config.json")
+        return json.load(open(path)).get("dtype") if os.path.isfile(path) else dtype
+    stale = [folder for folder, _ in runs if dtype_of(folder) != dtype]
+    if runs[0][0] in stale:
+        stale = [folder for folder, _ in runs if os.path.exists(folder)]
+    for folder in stale:
+        aside = f"{folder}.{dtype_of(folder)}"
+        print(f"{folder}: not in {dtype}, moved to {aside} to run again", flush=True)
+        os.rename(folder, aside)
+        if os.path.exists(folder + ".log"):
+            os.rename(folder + ".log", aside + ".log")
 
 
 def run(folder: str, flags: list, main_folder: str):
@@ -154,7 +172,11 @@ def report(out: str, seeds: list, cfg):
             found[seed, arm] = curve(folder, part, horizon)
     steps = found[seeds[0], "A1"][0]
     n_val = len(rlep.read_rows(cfg.val_file))
-    lines = [f"Preset {cfg.preset}: validation avg@{cfg.val_k} on {n_val} held-out problems "
+    configs = [os.path.join(out, f"seed{seed}{suffix}", "config.json")
+               for seed in seeds for _, suffix, _ in arms.values()]
+    dtypes = sorted({json.load(open(path))["dtype"] for path in configs})
+    lines = [f"Preset {cfg.preset}, compute dtype {' and '.join(dtypes)}: "
+             f"validation avg@{cfg.val_k} on {n_val} held-out problems "
              f"every {cfg.val_every} steps; {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
              "mean over seeds (sd over seeds), in %; peak: the best point after step 0 (step 0 "
              "is the same base model in every arm).", "",
@@ -294,6 +316,8 @@ def main():
     parser.add_argument("--val_k", type=int, default=8)
     parser.add_argument("--val_every", type=int, default=2)
     parser.add_argument("--out_dir", default=None, help="default: runs/study-PRESET")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="one compute dtype for every run (auto: measured once, here)")
     parser.add_argument("--report_only", action="store_true")
     args = parser.parse_args()
     out = args.out_dir or os.path.join("runs", f"study-{args.preset}")
@@ -303,6 +327,13 @@ def main():
     cfg = rlep.parse_config(settings)
     start = time.time()
     if not args.report_only:
+        # rlep.py measures the dtype per run; a busy machine could flip one run's choice
+        model_path = rlep.resolve_model(cfg.model_path, cfg.cache_dir, build=True)
+        choice = rlep.resolve_dtype(args.dtype, torch.device("cpu"), model_path)
+        print(f"every run in {choice.dtype} ({choice.why})", flush=True)
+        settings += ["--dtype", choice.dtype]
+        for seed in args.seeds:
+            set_aside_other_dtype(runs_of(out, seed, settings, cfg), choice.dtype)
         expected = expected_seconds(out, args.seeds, settings, cfg)
         print(f"study {args.preset}, seeds {args.seeds}: expected {expected / 60:.0f} min "
               "more on this machine", flush=True)
