@@ -184,8 +184,10 @@ def test_injected_code_is_never_run(tmp_path):
     canary = tmp_path / "canary"
     payloads = [rf"\boxed{{__import__('os').system('touch {canary}')}}",
                 rf"\boxed{{open('{canary}', 'w')}}", rf"Answer: exec(\"open('{canary}','w')\")"]
+    # golds no integer in the path can equal: the prose payload's answer is the path's last
+    # number (pytest-1/ made it '1')
     for payload in payloads:
-        assert verify(payload, "1") is False
+        assert verify(payload, r"\frac{1}{7}") is False
         assert verify(payload, "x + 1") is False
     assert not canary.exists()
 
