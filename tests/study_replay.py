@@ -67,17 +67,20 @@ def finished(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, "timings.json"))
 
 
+def run_dtype(folder: str):
+    """The compute dtype a run trained in (its config.json), None before it started."""
+    path = os.path.join(folder, "config.json")
+    return json.load(open(path)).get("dtype") if os.path.isfile(path) else None
+
+
 def set_aside_other_dtype(runs: list, dtype: str):
     """Arms compare at one precision: a run in another dtype is renamed FOLDER.DTYPE (kept,
     not deleted) and run again; if the seed's main run goes, so do the runs on its pool."""
-    def dtype_of(folder):
-        path = os.path.join(folder, "config.json")
-        return json.load(open(path)).get("dtype") if os.path.isfile(path) else dtype
-    stale = [folder for folder, _ in runs if dtype_of(folder) != dtype]
+    stale = [folder for folder, _ in runs if run_dtype(folder) not in (None, dtype)]
     if runs[0][0] in stale:
         stale = [folder for folder, _ in runs if os.path.exists(folder)]
     for folder in stale:
-        aside = f"{folder}.{dtype_of(folder)}"
+        aside = f"{folder}.{run_dtype(folder) or dtype}"
         print(f"{folder}: not in {dtype}, moved to {aside} to run again", flush=True)
         os.rename(folder, aside)
         if os.path.exists(folder + ".log"):
@@ -166,16 +169,15 @@ def report(out: str, seeds: list, cfg):
     per_step = cfg.prompts_per_step * cfg.n
     horizon = cfg.phase2_steps
     found = {}
+    dtypes = set()
     for seed in seeds:
         for arm, (_, suffix, part) in arms.items():
             folder = os.path.join(out, f"seed{seed}{suffix}")
             found[seed, arm] = curve(folder, part, horizon)
+            dtypes.add(run_dtype(folder))
     steps = found[seeds[0], "A1"][0]
     n_val = len(rlep.read_rows(cfg.val_file))
-    configs = [os.path.join(out, f"seed{seed}{suffix}", "config.json")
-               for seed in seeds for _, suffix, _ in arms.values()]
-    dtypes = sorted({json.load(open(path))["dtype"] for path in configs})
-    lines = [f"Preset {cfg.preset}, compute dtype {' and '.join(dtypes)}: "
+    lines = [f"Preset {cfg.preset}, compute dtype {' and '.join(sorted(dtypes))}: "
              f"validation avg@{cfg.val_k} on {n_val} held-out problems "
              f"every {cfg.val_every} steps; {len(seeds)} seeds ({', '.join(map(str, seeds))}); "
              "mean over seeds (sd over seeds), in %; peak: the best point after step 0 (step 0 "
