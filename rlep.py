@@ -31,8 +31,8 @@ Deviations from the paper (and its verl code):
    responses scored -1.
 6. Training prompts are de-duplicated and shuffled per epoch; the paper's file repeats
    each one ~100 times.
-7. Mini-batches are whole groups in a seeded prompt order; verl's are ranges of a
-   token-balanced order.
+7. Mini-batches are runs of the step's shuffled prompts, whole groups, as many on every
+   rank; verl's are ranges of a token-balanced order.
 Controls the paper lacks, off by default (README: the studies): `--phase1_prompts pool`,
 `--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`.
 """
@@ -121,6 +121,8 @@ class Config:
     clip_high: float = 0.28  # ε_high, DAPO's clip-higher
     clip_c: float = 10.0  # c, the dual-clip bound
     micro_batch_size: int = 8  # sequences per forward (memory, not math)
+    # padded tokens per forward, longest rows first (memory); 0: micro_batch_size rows
+    micro_batch_tokens: int = 16384
     share_prompts: bool = False  # a prompt once per row, then its responses
 
     # --- phase one: the baseline, then the experience collection
@@ -172,17 +174,17 @@ presets = {
         val_file="builtin:tiny:val", prompt_template="{problem}", out_dir="runs/tiny",
         prompts_per_step=8, n=8, max_prompt_len=32, max_response_len=16,
         overlong_buffer=4, lr=3e-4, warmup_steps=0, mini_batch_prompts=4,
-        micro_batch_size=16, share_prompts=True, phase1_steps=4, collect_step=4,
-        collect_k=16, phase2_steps=4, val_every=2, val_k=4, verify_mode="default",
+        micro_batch_size=16, micro_batch_tokens=0, share_prompts=True, phase1_steps=4,
+        collect_step=4, collect_k=16, phase2_steps=4, val_every=2, val_k=4, verify_mode="default",
         dtype="float32", save_every=2, log_samples=1, progress=False),
     # SmolLM2-135M-Instruct (on PyPI as GGUF) on arithmetic: the real thing on a CPU.
     "cpu": dict(
         model_path="builtin:smollm2", train_file="builtin:arith:train",
         val_file="builtin:arith:val", out_dir="runs/cpu", prompts_per_step=8, n=8,
         max_prompt_len=160, max_response_len=48, overlong_buffer=16, lr=1e-5,
-        warmup_steps=0, mini_batch_prompts=8, micro_batch_size=40, share_prompts=True,
-        phase1_steps=6, collect_step=6, collect_k=8, phase2_steps=6, val_every=3,
-        val_k=4, verify_mode="default", gradient_checkpointing=False, save_every=6,
+        warmup_steps=0, mini_batch_prompts=8, micro_batch_size=40, micro_batch_tokens=0,
+        share_prompts=True, phase1_steps=6, collect_step=6, collect_k=8, phase2_steps=6,
+        val_every=3, val_k=4, verify_mode="default", gradient_checkpointing=False, save_every=6,
         log_samples=2, progress=False),
 }
 # RLEP: the cpu preset where replays can rescue (README: cpu-hard), the paper's K = 64
@@ -206,7 +208,11 @@ def parse_config(argv=None) -> Config:
     given = vars(parser.parse_args(argv))
     args = {k: v for k, v in given.items() if v is not None}
     preset = presets[args.get("preset", Config.preset)]
-    return Config(**{**preset, **args})
+    cfg = Config(**{**preset, **args})
+    if cfg.share_prompts and cfg.micro_batch_tokens:
+        # a shared row holds a whole group: it cannot be split by length
+        parser.error("--share_prompts needs --micro_batch_tokens 0")
+    return cfg
 
 class DtypeChoice(NamedTuple):
     dtype: str
@@ -706,39 +712,79 @@ class GroupSize(NamedTuple):
     position: int  # the prompt's place in the step: rank r holds r, r + W, ...
     samples: int
     response_tokens: int
+    row_lengths: tuple  # per sample: prompt + response tokens, a row's length
 
 @dataclass
 class MiniBatch:
     micro_batches: list[dict]  # this rank's, the lockstep padding included
     num_tokens: int  # N: the response tokens of the mini-batch on all ranks
 
-def plan_mini_batches(mine: dict, sizes: dict, num_updates: int, cfg: Config, d: Dist,
-                      pad_id: int, seed: int) -> list[MiniBatch]:
-    """An epoch's mini-batches: whole groups in a seeded prompt order, split into
-    num_updates parts, the same for any number of ranks."""
-    order = np.random.default_rng(seed).permutation(len(sizes))
-    size = cfg.micro_batch_size
-    plan = []
-    for chunk in np.array_split(order, num_updates):
-        # whole groups: a prompt's samples stay together
-        samples = [s for p in chunk if p in mine for s in mine[p]]
-        micro = [samples[i:i + size] for i in range(0, len(samples), size)]
-        micro = [collate(m, pad_id, d.device, cfg.share_prompts) for m in micro]
-        # Lockstep: FSDP2 gathers the weights in every forward and reduces the gradients
-        # in every backward, so every rank runs as many passes as the busiest. The others
-        # run an idle micro-batch: a one-token sample with Â = 0, an exactly zero gradient.
-        per_rank = [0] * d.world_size
-        for p in chunk:
-            per_rank[p % d.world_size] += sizes[p].samples
-        busiest = max(math.ceil(count / size) for count in per_rank)
-        if busiest > len(micro):
-            idle = Sample([pad_id], [pad_id], False, 0.0)
-            idle_batch = collate([idle], pad_id, d.device, cfg.share_prompts)
-            idle_batch["idle"] = True
-            micro += [idle_batch] * (busiest - len(micro))
-        num_tokens = sum(sizes[p].response_tokens for p in chunk)
-        plan.append(MiniBatch(micro, num_tokens))
-    return plan
+def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
+                      seed: int) -> list[np.ndarray]:
+    """An epoch's mini-batches as runs of consecutive positions of the step's prompts,
+    whose order step_prompts already shuffled. Rank r holds positions r, r + W, ...: a run
+    of k W positions gives every rank k prompts, so no rank waits on a busier one. The
+    runs do not depend on W (the update is the same on any number of ranks); later
+    epochs take them in another seeded order, which keeps that balance."""
+    positions = np.arange(num_prompts)
+    runs = np.array_split(positions, num_updates)
+    if epoch == 0:
+        return runs
+    order = np.random.default_rng(seed).permutation(num_updates)
+    return [runs[i] for i in order]
+
+def split_micro_batches(row_lengths: list[int], max_rows: int,
+                        max_tokens: int) -> list[list[int]]:
+    """A rank's sequences of one mini-batch as micro-batches (lists of indices). With
+    max_tokens 0: runs of max_rows, in order. Else longest first, each micro-batch as
+    many rows as fit in max_tokens padded tokens (rows x its longest row, at least one
+    row): similar lengths share a micro-batch, so little of it is padding (verl's dynamic
+    batch size, for a trainer that pads). Memory, not math: the loss is a token sum."""
+    indices = range(len(row_lengths))
+    if not max_tokens:
+        return [list(indices[i:i + max_rows]) for i in range(0, len(indices), max_rows)]
+    micro_batches = []
+    # stable: equal lengths keep their order, so every rank computes the same split
+    for i in sorted(indices, key=lambda i: -row_lengths[i]):
+        if micro_batches:
+            current = micro_batches[-1]
+            # sorted: a micro-batch's first row is its longest
+            if (len(current) + 1) * row_lengths[current[0]] <= max_tokens:
+                current.append(i)
+                continue
+        micro_batches.append([i])
+    return micro_batches
+
+def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int,
+                       cfg: Config) -> list[list[tuple[int, int]]]:
+    """Rank `rank`'s micro-batches of a mini-batch, as (position, sample) pairs: whole
+    groups, a prompt's samples on one rank. Any rank can plan any other's."""
+    held = [(p, i) for p in positions if p % world_size == rank
+            for i in range(sizes[p].samples)]
+    row_lengths = [sizes[p].row_lengths[i] for p, i in held]
+    split = split_micro_batches(row_lengths, cfg.micro_batch_size, cfg.micro_batch_tokens)
+    return [[held[j] for j in micro] for micro in split]
+
+def build_mini_batch(positions, mine: dict, sizes: dict, cfg: Config, d: Dist,
+                     pad_id: int) -> MiniBatch:
+    """This rank's micro-batches of the prompts at `positions`, as tensors."""
+    plans = [rank_micro_batches(positions, sizes, r, d.world_size, cfg)
+             for r in range(d.world_size)]
+    micro = []
+    for pairs in plans[d.rank]:
+        samples = [mine[p][i] for p, i in pairs]
+        micro.append(collate(samples, pad_id, d.device, cfg.share_prompts))
+    # Lockstep: FSDP2 gathers the weights in every forward and reduces the gradients in
+    # every backward, so every rank runs as many passes as the busiest. The others run
+    # an idle micro-batch: a one-token sample with Â = 0, an exactly zero gradient.
+    busiest = max(map(len, plans))
+    if busiest > len(micro):
+        idle = Sample([pad_id], [pad_id], False, 0.0)
+        idle_batch = collate([idle], pad_id, d.device, cfg.share_prompts)
+        idle_batch["idle"] = True
+        micro += [idle_batch] * (busiest - len(micro))
+    num_tokens = sum(sizes[p].response_tokens for p in positions)
+    return MiniBatch(micro, num_tokens)
 
 def old_logprobs(batch: dict, logprobs: torch.Tensor) -> torch.Tensor:
     """(B, T) log π_θold, the policy at the step's start, and the one place it is set: in the
@@ -764,15 +810,19 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
     mine = {j * d.world_size + d.rank: g for j, g in enumerate(groups)}  # position -> group
-    my_sizes = [GroupSize(p, len(g), sum(len(s.completion_ids) for s in g))
-                for p, g in mine.items()]
+    my_sizes = []
+    for position, group in mine.items():
+        response_tokens = sum(len(s.completion_ids) for s in group)
+        row_lengths = tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group)
+        my_sizes.append(GroupSize(position, len(group), response_tokens, row_lengths))
     sizes = {g.position: g for g in gather_lists(my_sizes, d)}
     total_samples = sum(g.samples for g in sizes.values())
     num_updates = max(1, round(total_samples / sequences_per_update))
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
-        mini_batches = plan_mini_batches(mine, sizes, num_updates, cfg, d, pad_id,
-                                         seed_for(seed, epoch))
+        runs = plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))
+        mini_batches = [build_mini_batch(positions, mine, sizes, cfg, d, pad_id)
+                        for positions in runs]
         if epoch == 0:
             # π_θold for every sequence, replays included, before any update. The first
             # mini-batch is skipped: the policy has not moved when its update runs, so its

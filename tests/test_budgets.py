@@ -8,7 +8,7 @@ import os
 import pytest
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-max_lines = {"rlep.py": 1150, "verify.py": 520, "eval.py": 360}
+max_lines = {"rlep.py": 1200, "verify.py": 560, "eval.py": 360}
 narrow_files = ["rlep.py", "verify.py", "eval.py", "data.py"] + sorted(
     os.path.relpath(path, root) for path in glob.glob(os.path.join(root, "tests", "*.py")))
 
@@ -29,6 +29,6 @@ def test_no_line_is_wider_than_100_columns(name):
     assert wide == [], f"{name}: lines over 100 columns: {wide[:10]}"
 
 
-def test_rlep_lines_average_at_most_60_characters():
+def test_rlep_lines_average_at_most_58_characters():
     lines = [line for line in read_lines("rlep.py") if line.strip()]
-    assert sum(map(len, lines)) / len(lines) <= 60
+    assert sum(map(len, lines)) / len(lines) <= 58

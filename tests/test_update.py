@@ -56,16 +56,20 @@ def update(rank, world, port, model_path, cfg, groups, out):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("share_prompts, mini_batch_prompts, num_prompts", [
+@pytest.mark.parametrize("share_prompts, mini_batch_prompts, num_prompts, micro_batch_tokens", [
     # 4 mini-batches of 2 whole groups: each rank trains on one group of each
-    (True, 2, 8),
+    (True, 2, 8, 0),
     # 4 mini-batches of 1 group: in each, one rank has nothing and runs a zero-gradient sample
-    (False, 1, 4),
+    (False, 1, 4, 0),
+    # micro-batches by a token budget, longest rows first: ranks split into different counts
+    (False, 2, 8, 60),
 ])
 def test_one_rank_and_two_ranks_make_the_same_update(tiny_model, tmp_path, free_port, share_prompts,
-                                                     mini_batch_prompts, num_prompts):
+                                                     mini_batch_prompts, num_prompts,
+                                                     micro_batch_tokens):
     cfg = rlep.parse_config(["--preset", "tiny", "--lr", "1e-3", "--micro_batch_size", "5",
                              "--mini_batch_prompts", str(mini_batch_prompts),
+                             "--micro_batch_tokens", str(micro_batch_tokens),
                              "--share_prompts" if share_prompts else "--no-share_prompts"])
     groups = make_groups(num_prompts, cfg.n, seed=3)
     update(0, 1, None, tiny_model, cfg, groups, tmp_path / "one.pt")

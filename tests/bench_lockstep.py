@@ -1,0 +1,95 @@
+"""How busy FSDP2's lockstep leaves the ranks: the trainer's own planner (rlep.plan_mini_batches,
+rlep.rank_micro_batches) on the paper preset's step, no model. Every rank runs as many passes a
+mini-batch as the busiest; the others run idle ones. Response lengths follow a wide distribution
+(a normal of mean 1,500 and sd 800 tokens cut to [200, 3,072]; prompts 100-400 tokens); in phase
+two 15 % of the prompts hold a single pooled answer, the rest m. One line per configuration:
+
+    lockstep W=64 phase=2 busiest_over_mean=1.12 idle_share=0.10 padded_share=0.05 ...
+
+busiest_over_mean: the busiest rank's passes over the mean rank's, summed over a step's
+mini-batches; idle_share: the share of all passes that are idle; padded_share: the share of the
+real micro-batches' tokens (rows x the longest row) that are padding. Means over --trials steps.
+Run: python tests/bench_lockstep.py [--micro_batch_tokens 0]   (a few seconds)"""
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import rlep  # noqa: E402
+
+
+def draw_lengths(rng, size, low=200, high=3072, mean=1500.0, sd=800.0):
+    """Response lengths from a normal cut to [low, high], by rejection."""
+    out = np.empty(0, dtype=int)
+    while out.size < size:
+        draw = rng.normal(mean, sd, 2 * size)
+        out = np.concatenate([out, draw[(draw >= low) & (draw <= high)].astype(int)])
+    return out[:size]
+
+
+def step_sizes(cfg, phase, rng):
+    """GroupSize per position of one training step, as the trainer gathers them."""
+    sizes = {}
+    for position in range(cfg.prompts_per_step):
+        replays = 0
+        if phase == 2:
+            # RLEP: m replays, or the one answer a prompt's pool holds
+            replays = 1 if rng.random() < 0.15 else cfg.replay_m
+        samples = cfg.n + replays
+        prompt = int(rng.integers(100, 401))
+        responses = draw_lengths(rng, samples)
+        row_lengths = tuple(int(prompt + r) for r in responses)
+        sizes[position] = rlep.GroupSize(position, samples, int(responses.sum()), row_lengths)
+    return sizes
+
+
+def simulate(cfg, world_size, phase, trials, seed):
+    busiest_sum = mean_sum = idle = passes = padding = computed = 0.0
+    rng = np.random.default_rng(seed)
+    for trial in range(trials):
+        sizes = step_sizes(cfg, phase, rng)
+        total_samples = sum(g.samples for g in sizes.values())
+        # the trainer's count: RLEP's 512 x 18 sequences make 9 updates, the baseline's 8
+        num_updates = max(1, round(total_samples / (cfg.mini_batch_prompts * cfg.n)))
+        runs = rlep.plan_mini_batches(len(sizes), num_updates, epoch=0, seed=trial)
+        for positions in runs:
+            plans = [rlep.rank_micro_batches(positions, sizes, r, world_size, cfg)
+                     for r in range(world_size)]
+            counts = [len(plan) for plan in plans]
+            busiest = max(counts)
+            busiest_sum += busiest
+            mean_sum += np.mean(counts)
+            idle += world_size * busiest - sum(counts)
+            passes += world_size * busiest
+            for plan in plans:
+                for micro in plan:
+                    lengths = [sizes[p].row_lengths[i] for p, i in micro]
+                    computed += len(lengths) * max(lengths)
+                    padding += len(lengths) * max(lengths) - sum(lengths)
+    return busiest_sum / mean_sum, idle / passes, padding / computed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--micro_batch_tokens", type=int, default=None,
+                        help="the paper preset's unless given; 0: fixed micro-batches")
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    flags = ["--preset", "paper"]
+    if args.micro_batch_tokens is not None:
+        flags += ["--micro_batch_tokens", str(args.micro_batch_tokens)]
+    cfg = rlep.parse_config(flags)
+    for world_size in (1, 8, 16, 64):
+        for phase in (1, 2):
+            busiest, idle, padded = simulate(cfg, world_size, phase, args.trials, args.seed)
+            print(f"lockstep W={world_size} phase={phase} busiest_over_mean={busiest:.2f} "
+                  f"idle_share={idle:.2f} padded_share={padded:.2f} "
+                  f"micro_batch_size={cfg.micro_batch_size} "
+                  f"micro_batch_tokens={cfg.micro_batch_tokens}")
+
+
+if __name__ == "__main__":
+    main()
