@@ -710,7 +710,6 @@ def collate(samples: list[Sample], pad_id: int, device, share_prompts: bool = Fa
 
 class GroupSize(NamedTuple):
     position: int  # the prompt's place in the step: rank r holds r, r + W, ...
-    samples: int
     response_tokens: int
     row_lengths: tuple  # per sample: prompt + response tokens, a row's length
 
@@ -760,7 +759,7 @@ def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int,
     """Rank `rank`'s micro-batches of a mini-batch, as (position, sample) pairs: whole
     groups, a prompt's samples on one rank. Any rank can plan any other's."""
     held = [(p, i) for p in positions if p % world_size == rank
-            for i in range(sizes[p].samples)]
+            for i in range(len(sizes[p].row_lengths))]
     row_lengths = [sizes[p].row_lengths[i] for p, i in held]
     split = split_micro_batches(row_lengths, cfg.micro_batch_size, cfg.micro_batch_tokens)
     return [[held[j] for j in micro] for micro in split]
@@ -814,9 +813,9 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
     for position, group in mine.items():
         response_tokens = sum(len(s.completion_ids) for s in group)
         row_lengths = tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group)
-        my_sizes.append(GroupSize(position, len(group), response_tokens, row_lengths))
+        my_sizes.append(GroupSize(position, response_tokens, row_lengths))
     sizes = {g.position: g for g in gather_lists(my_sizes, d)}
-    total_samples = sum(g.samples for g in sizes.values())
+    total_samples = sum(len(g.row_lengths) for g in sizes.values())
     num_updates = max(1, round(total_samples / sequences_per_update))
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):

@@ -41,7 +41,7 @@ def step_sizes(cfg, phase, rng):
         prompt = int(rng.integers(100, 401))
         responses = draw_lengths(rng, samples)
         row_lengths = tuple(int(prompt + r) for r in responses)
-        sizes[position] = rlep.GroupSize(position, samples, int(responses.sum()), row_lengths)
+        sizes[position] = rlep.GroupSize(position, int(responses.sum()), row_lengths)
     return sizes
 
 
@@ -50,7 +50,7 @@ def simulate(cfg, world_size, phase, trials, seed):
     rng = np.random.default_rng(seed)
     for trial in range(trials):
         sizes = step_sizes(cfg, phase, rng)
-        total_samples = sum(g.samples for g in sizes.values())
+        total_samples = sum(len(g.row_lengths) for g in sizes.values())
         # the trainer's count: RLEP's 512 x 18 sequences make 9 updates, the baseline's 8
         num_updates = max(1, round(total_samples / (cfg.mini_batch_prompts * cfg.n)))
         runs = rlep.plan_mini_batches(len(sizes), num_updates, epoch=0, seed=trial)

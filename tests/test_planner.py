@@ -90,7 +90,7 @@ def test_any_rank_plans_the_same_micro_batches_for_every_rank():
     sizes = {}
     for p in range(64):
         lengths = tuple(int(x) for x in rng.integers(300, 4000, cfg.n))
-        sizes[p] = rlep.GroupSize(p, cfg.n, sum(lengths), lengths)
+        sizes[p] = rlep.GroupSize(p, sum(lengths), lengths)
     positions = rlep.plan_mini_batches(64, 1, epoch=0, seed=0)[0]
     plans = [rlep.rank_micro_batches(positions, sizes, r, 8, cfg) for r in range(8)]
     held = sorted(pair for plan in plans for micro in plan for pair in micro)
