@@ -177,12 +177,12 @@ presets = {
         micro_batch_size=16, micro_batch_tokens=0, share_prompts=True, phase1_steps=4,
         collect_step=4, collect_k=16, phase2_steps=4, val_every=2, val_k=4, verify_mode="default",
         dtype="float32", save_every=2, log_samples=1, progress=False),
-    # SmolLM2-135M-Instruct (on PyPI as GGUF) on arithmetic: the real thing on a CPU.
+    # SmolLM2-135M-Instruct (on PyPI as GGUF) on arithmetic; two updates a step, as PPO.
     "cpu": dict(
         model_path="builtin:smollm2", train_file="builtin:arith:train",
         val_file="builtin:arith:val", out_dir="runs/cpu", prompts_per_step=8, n=8,
         max_prompt_len=160, max_response_len=48, overlong_buffer=16, lr=1e-5,
-        warmup_steps=0, mini_batch_prompts=8, micro_batch_size=40, micro_batch_tokens=0,
+        warmup_steps=0, mini_batch_prompts=4, micro_batch_size=40, micro_batch_tokens=0,
         share_prompts=True, phase1_steps=6, collect_step=6, collect_k=8, phase2_steps=6,
         val_every=3, val_k=4, verify_mode="default", gradient_checkpointing=False, save_every=6,
         log_samples=2, progress=False),
@@ -602,7 +602,8 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
             return (values.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
         metrics = {"clip_frac": token_mean(loss_clipped > loss_unclipped),
                    "dual_clip_frac": token_mean(per_token_loss < pessimistic),
-                   "ratio_mean": token_mean(ratio)}
+                   "ratio_mean": token_mean(ratio),
+                   "ratio_max": (ratio * mask).max()}
     return loss, metrics
 
 def imitation_loss(logprobs, replay_mask, num_tokens):
@@ -863,9 +864,10 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
             optimizer.zero_grad(set_to_none=True)
             stats["grad_norm"].append(grad_norm)
             stats["skipped_updates"].append(not math.isfinite(grad_norm))
-    # the loss metrics reach the host once per step
+    # the loss metrics reach the host once per step: this rank's micro-batch means
     summary = {k: float(torch.stack(stats.pop(k)).double().mean())
-               for k in ("clip_frac", "dual_clip_frac", "ratio_mean") if k in stats}
+               for k in ("clip_frac", "dual_clip_frac", "ratio_mean")}
+    summary["ratio_max"] = float(torch.stack(stats.pop("ratio_max")).max())
     summary["grad_norm"] = float(np.mean(stats["grad_norm"]))
     summary["skipped_updates"] = float(np.sum(stats["skipped_updates"]))
     for key in ("trained_tokens", "trained_response_tokens"):
@@ -1007,10 +1009,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
         if d.master_process:
             write_atomic(metrics_path, json.dumps({"step": 0, **base_scores[base_path]}) + "\n")
 
-    # An optimizer step takes mini_batch_prompts x n sequences, as the paper's run.
-    # RLEP: its groups are n + m long, so a step of 512 x 18 sequences makes
-    # round(512 x 18 / (64 x 16)) = 9 updates where the baseline makes 8;
-    # --equal_updates counts n + m per prompt instead.
+    # An update takes mini_batch_prompts x n sequences, as the paper's run. RLEP: groups
+    # are n + m long, so a step of 512 x 18 makes round(512 x 18 / (64 x 16)) = 9
+    # updates where the baseline makes 8; --equal_updates counts n + m per prompt.
     per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # RLEP
     sequences_per_update = cfg.mini_batch_prompts * per_prompt
 

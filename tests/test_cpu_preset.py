@@ -26,6 +26,10 @@ def test_one_step_of_the_cpu_preset(tmp_path):
     (metrics,) = [json.loads(line) for line in open(out / "phase1" / "metrics.jsonl")]
     assert metrics["step"] == 1 and 0 <= metrics["acc_fresh"] <= 1 and metrics["grad_norm"] > 0
     assert 5 < metrics["response_len"] <= cfg["max_response_len"]
+    # two optimizer steps a training step, as the paper's eight: the second mini-batch is
+    # trained off-policy, its ratio π_θ / π_θold away from 1
+    assert cfg["prompts_per_step"] // cfg["mini_batch_prompts"] == 2
+    assert metrics["ratio_max"] > 1 and metrics["ratio_mean"] != 1
     samples = [json.loads(line) for line in open(out / "phase1" / "samples.jsonl")]
     # the two worked examples are in the prompt
     assert samples and all("Answer" in s["prompt"] for s in samples)
