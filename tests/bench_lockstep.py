@@ -9,7 +9,9 @@ two 15 % of the prompts hold a single pooled answer, the rest m. One line per co
 busiest_over_mean: the busiest rank's passes over the mean rank's, summed over a step's
 mini-batches; idle_share: the share of all passes that are idle; padded_share: the share of the
 real micro-batches' tokens (rows x the longest row) that are padding. Means over --trials steps.
-Run: python tests/bench_lockstep.py [--micro_batch_tokens 0]   (a few seconds)"""
+Run: python tests/bench_lockstep.py [--micro_batch_tokens 0]   (a few seconds)
+`--random_draws` replaces the runs by the planner they replaced, each mini-batch a random draw of
+the step's prompts (their ranks as uneven as chance makes them), for comparison."""
 import argparse
 import os
 import sys
@@ -45,7 +47,13 @@ def step_sizes(cfg, phase, rng):
     return sizes
 
 
-def simulate(cfg, world_size, phase, trials, seed):
+def random_draws(num_prompts, num_updates, epoch, seed):
+    """The planner before the runs: mini-batches as parts of a seeded permutation."""
+    order = np.random.default_rng(seed).permutation(num_prompts)
+    return np.array_split(order, num_updates)
+
+
+def simulate(cfg, world_size, phase, trials, seed, planner=rlep.plan_mini_batches):
     busiest_sum = mean_sum = idle = passes = padding = computed = 0.0
     rng = np.random.default_rng(seed)
     for trial in range(trials):
@@ -53,7 +61,7 @@ def simulate(cfg, world_size, phase, trials, seed):
         total_samples = sum(len(g.row_lengths) for g in sizes.values())
         # the trainer's count: RLEP's 512 x 18 sequences make 9 updates, the baseline's 8
         num_updates = max(1, round(total_samples / (cfg.mini_batch_prompts * cfg.n)))
-        runs = rlep.plan_mini_batches(len(sizes), num_updates, epoch=0, seed=trial)
+        runs = planner(len(sizes), num_updates, epoch=0, seed=trial)
         for positions in runs:
             plans = [rlep.rank_micro_batches(positions, sizes, r, world_size, cfg)
                      for r in range(world_size)]
@@ -75,6 +83,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro_batch_tokens", type=int, default=None,
                         help="the paper preset's unless given; 0: fixed micro-batches")
+    parser.add_argument("--random_draws", action="store_true",
+                        help="the earlier planner: mini-batches drawn at random")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -82,9 +92,11 @@ def main():
     if args.micro_batch_tokens is not None:
         flags += ["--micro_batch_tokens", str(args.micro_batch_tokens)]
     cfg = rlep.parse_config(flags)
+    planner = random_draws if args.random_draws else rlep.plan_mini_batches
     for world_size in (1, 8, 16, 64):
         for phase in (1, 2):
-            busiest, idle, padded = simulate(cfg, world_size, phase, args.trials, args.seed)
+            busiest, idle, padded = simulate(cfg, world_size, phase, args.trials, args.seed,
+                                             planner)
             print(f"lockstep W={world_size} phase={phase} busiest_over_mean={busiest:.2f} "
                   f"idle_share={idle:.2f} padded_share={padded:.2f} "
                   f"micro_batch_size={cfg.micro_batch_size} "
