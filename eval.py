@@ -115,7 +115,7 @@ def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
     prompt_len = min(args.max_prompt_len, context // 2)
     new_tokens = min(args.max_new_tokens, context - prompt_len)
     # bf16 where it is faster (measured on a CPU); the ranks take rank 0's choice
-    dtype = rlep.gather_lists([rlep.resolve_dtype(args.dtype, d.device, model_dir)], d)[0]
+    dtype = rlep.rank0_decides(lambda: rlep.resolve_dtype(args.dtype, d.device, model_dir), d)
     # "default", the costly rule, grades in sample_and_grade, rank by rank; grade_both adds "dapo"
     return rlep.Config(
         model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
