@@ -461,11 +461,13 @@ def save_plan(cfg, part: str) -> list[int]:
     plan = set(range(cfg.save_every, steps + 1, cfg.save_every)) | {steps}
     if part == "phase1":
         plan.add(cfg.collect_step)
-    return sorted(plan)
+    # a step past the part is never reached (check_save_plan refuses it where it matters)
+    return sorted(step for step in plan if 1 <= step <= steps)
 
 def check_save_plan(cfg):
-    """A collect_step phase one never reaches would stop the run after all of phase one."""
-    if cfg.phase != "2" and not 1 <= cfg.collect_step <= cfg.phase1_steps:
+    """A collect_step phase one never reaches would stop the run after all of phase one;
+    with --pool no collection runs."""
+    if cfg.phase != "2" and not cfg.pool and not 1 <= cfg.collect_step <= cfg.phase1_steps:
         raise ValueError(f"--collect_step {cfg.collect_step}: the collection needs a phase-one "
                          f"checkpoint, a step from 1 to --phase1_steps {cfg.phase1_steps}")
 
