@@ -148,8 +148,9 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
                          "use another --out_dir")
 
     # read_jsonl drops a killed run's torn last line; rank 0 rewrites the file without it
-    done = {(r["benchmark"], r["id"]): r for r in rlep.read_jsonl(samples_path)}
-    rlep.barrier(d)  # every rank has read the file before rank 0 rewrites it
+    # rank 0's reading for every rank: one seeing an older file would sample other chunks
+    done = rlep.rank0_decides(lambda: {(r["benchmark"], r["id"]): r
+                                       for r in rlep.read_jsonl(samples_path)}, d)
     if d.master_process:
         os.makedirs(out_dir, exist_ok=True)
         rlep.write_atomic(settings_path, json.dumps(settings, indent=2))

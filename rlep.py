@@ -160,7 +160,7 @@ class Config:
     gradient_checkpointing: bool = True  # memory for compute
     gpu_memory_utilization: float = 0.55  # vLLM's share (README budget)
     timeout_minutes: int = 180  # a collective waits this long for a slow rank
-    save_every: int = 20  # checkpoint every N steps and at a part's end
+    save_every: int = 20  # checkpoint every N steps, at a part's end and at collect_step
     keep_checkpoints: int = 2  # the newest N of a part (+ collect_step's); 0: all
     log_samples: int = 2  # completions per step in samples.jsonl
     progress: bool = True  # tqdm bars on rank 0 for long generation
