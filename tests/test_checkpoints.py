@@ -76,24 +76,28 @@ def replay_saves(cfg, out_dir, params):
     return peak
 
 
-@pytest.mark.parametrize("flags", [
-    # the paper preset's schedule, shortened: 8 steps a part, a save every 2
-    ["--phase", "all"], ["--phase", "1"], ["--phase", "2"],
-    # keep-all: every save stays
-    ["--phase", "all", "--keep_checkpoints", "0"],
-    # a collection step between saves and before the newest: its weights stay on
-    ["--phase", "all", "--collect_step", "3", "--keep_checkpoints", "1"]])
-def test_the_disk_budget_is_the_peak_of_what_pruning_leaves(tmp_path, flags):
+@pytest.mark.parametrize("flags, peak", [
+    # the paper preset's schedule, shortened: 8 steps a part, a save every 2. Phase one ends
+    # with its newest 2 (the collection's among them), phase two writes a third beside its 2
+    (["--phase", "all"], 5 * 12),
+    # one part: 2 kept and the one being written
+    (["--phase", "1"], 3 * 12), (["--phase", "2"], 3 * 12),
+    # keep-all: every save of both parts, 4 + 4
+    (["--phase", "all", "--keep_checkpoints", "0"], 8 * 12),
+    # a collection step between saves, keep 1: its weights stay beside phase one's newest,
+    # and phase two writes its second checkpoint beside its first
+    (["--phase", "all", "--collect_step", "3", "--keep_checkpoints", "1"], 4 + 3 * 12)])
+def test_the_disk_budget_is_the_peak_of_what_pruning_leaves(tmp_path, flags, peak):
+    """In bytes a parameter: 12 a whole checkpoint, 4 the collection's weights alone."""
     params = 10
     cfg = rlep.parse_config(["--preset", "paper", "--out_dir", str(tmp_path), "--phase1_steps",
                              "8", "--phase2_steps", "8", "--collect_step", "8", "--save_every",
                              "2", *flags])
     budget = data.disk_budget(cfg, params, data.held_checkpoints(str(tmp_path)))
     assert budget["per_checkpoint"] == 12 * params and budget["on_disk"] == 0
-    assert budget["peak"] == budget["need"] == replay_saves(cfg, str(tmp_path), params)
-    if cfg.keep_checkpoints == 0:
-        # every save of both parts: 4 + 4
-        assert budget["peak"] == 8 * 12 * params
+    assert budget["peak"] == budget["need"] == peak * params
+    # the same saves and prunes on files of real sizes
+    assert replay_saves(cfg, str(tmp_path), params) == peak * params
 
 
 def test_a_resumed_run_is_budgeted_for_what_it_still_writes(tmp_path, tiny_model, monkeypatch,
