@@ -160,17 +160,17 @@ def test_a_collection_step_phase_one_never_reaches_is_refused(collect_step):
 
 def test_phase_one_saves_the_collection_step_between_saves(tiny_engine, tiny_model, tmp_path):
     """collect_step 1 with a save every 2 steps: step 1 is saved all the same, and pruning
-    keeps its weights for the collection."""
+    keeps its weights for the collection beside the newest."""
     cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(tmp_path), "--val_every", "0",
-                             "--phase1_steps", "3", "--collect_step", "1",
+                             "--phase1_steps", "2", "--collect_step", "1",
                              "--keep_checkpoints", "1"])
-    assert data.save_plan(cfg, "phase1") == [1, 2, 3]
+    assert cfg.save_every == 2 and data.save_plan(cfg, "phase1") == [1, 2]
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = rlep.read_rows(cfg.train_file)
     rlep.train(cfg, "phase1", rows, tiny_engine, tokenizer, tokenizer.eos_token_id, tiny_model,
                rlep.setup_distributed(), [])
     part_dir = str(tmp_path / "phase1")
-    assert data.complete_checkpoints(part_dir) == [1, 3]
+    assert data.complete_checkpoints(part_dir) == [1, 2]
     collected = rlep.checkpoint_path(part_dir, 1)
     assert os.path.isfile(os.path.join(collected, "model.safetensors"))
     assert not os.path.isdir(os.path.join(collected, "optimizer"))
