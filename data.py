@@ -159,6 +159,20 @@ def save_pool(path: str, rows: list[dict]):
     lines = [json.dumps({k: r[k] for k in keys if k in r}) + "\n" for r in rows]
     write_atomic(path, "".join(lines))
 
+def progress_row(record: dict) -> dict:
+    """RLEP: a collection's row of progress.jsonl, from a sample_and_grade record: the
+    prompt's verified answers and the response tokens generated for it (the study's cost).
+    Made before the ranks gather: the other answers of K never cross them."""
+    right = [t for t, ok in zip(record["responses"], record["correct"]) if ok]
+    return {"id": record["id"], "successes": right, "tokens": sum(record["lengths"])}
+
+def read_collection(out: str) -> tuple[bool, dict]:
+    """A collection folder's state: whether pool.jsonl is written, and {prompt id: its
+    verified answers} of the prompts done so far."""
+    done = read_jsonl(os.path.join(out, "progress.jsonl"))
+    successes = {row["id"]: row["successes"] for row in done}
+    return os.path.isfile(os.path.join(out, "pool.jsonl")), successes
+
 def load_pool(path: str) -> list[dict]:
     """A pool file: our pool.jsonl, or any data file whose rows carry responses (DAPO:
     reward_model.candidates)."""
@@ -358,12 +372,16 @@ def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
         return 0, None
     return steps[-1], checkpoint_path(part_dir, steps[-1])
 
+def pruned(steps: list[int], keep: int) -> list[int]:
+    """The steps, oldest first, that lose their place once the newest `keep` are whole;
+    keep 0 keeps all."""
+    return steps[:-keep] if keep else []
+
 def prune_checkpoints(part_dir: str, keep: int, protected: set[int]):
     """After a save completes: the newest `keep` checkpoints stay whole (a resume reads
     one); an older protected step keeps its weights only (the collection reads them, no
     resume needs its AdamW state); the rest go."""
-    steps = complete_checkpoints(part_dir)
-    for step in steps[:-keep]:
+    for step in pruned(complete_checkpoints(part_dir), keep):
         folder = checkpoint_path(part_dir, step)
         if step in protected:
             shutil.rmtree(os.path.join(folder, "optimizer"), ignore_errors=True)
@@ -371,6 +389,21 @@ def prune_checkpoints(part_dir: str, keep: int, protected: set[int]):
             # renamed first: a crash mid-delete leaves no half checkpoint under a step's name
             os.replace(folder, folder + ".deleting")
             shutil.rmtree(folder + ".deleting")
+
+def remove_leftovers(out_dir: str):
+    """A stopped prune's `step_*.deleting` folders and a stopped save's `step_*.tmp`:
+    dead weight that the disk check would count as used. Rank 0, before the run writes."""
+    found = []
+    for part in ("phase1", "phase2"):
+        part_dir = os.path.join(out_dir, part)
+        names = os.listdir(part_dir) if os.path.isdir(part_dir) else []
+        found += [os.path.join(part_dir, name) for name in sorted(names)
+                  if name.startswith("step_") and name.endswith((".deleting", ".tmp"))]
+    for folder in found:
+        shutil.rmtree(folder)
+    if found:
+        names = ", ".join(os.path.relpath(f, out_dir) for f in found)
+        print(f"removed what a stopped save or prune left: {names}", flush=True)
 
 
 def save_checkpoint(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
@@ -421,30 +454,90 @@ def load_trainer_state(ckpt: str, policy, optimizer):
     torch.set_rng_state(trainer_state["torch_rng"])
 
 
-def disk_budget(model_path: str, keep: int) -> dict:
-    """The most disk a run's checkpoints take: fp32 weights (4 bytes a parameter) and AdamW's
-    two fp32 moments (8); a part holds keep + 1 checkpoints while it saves, phase one also
-    collect_step's weights."""
+def save_plan(cfg, part: str) -> list[int]:
+    """The steps a part saves (cfg: rlep.Config): every save_every-th and its last; phase
+    one also collect_step, which the collection reads."""
+    steps = cfg.phase1_steps if part == "phase1" else cfg.phase2_steps
+    plan = set(range(cfg.save_every, steps + 1, cfg.save_every)) | {steps}
+    if part == "phase1":
+        plan.add(cfg.collect_step)
+    # a step past the part is never reached (check_save_plan refuses it where it matters)
+    return sorted(step for step in plan if 1 <= step <= steps)
+
+def check_save_plan(cfg):
+    """A collect_step phase one never reaches would stop the run after all of phase one;
+    with --pool no collection runs."""
+    if cfg.phase != "2" and not cfg.pool and not 1 <= cfg.collect_step <= cfg.phase1_steps:
+        raise ValueError(f"--collect_step {cfg.collect_step}: the collection needs a phase-one "
+                         f"checkpoint, a step from 1 to --phase1_steps {cfg.phase1_steps}")
+
+def held_checkpoints(out_dir: str) -> dict:
+    """{(part, step): whole} of a run's complete checkpoints; whole: with AdamW's state,
+    else weights only."""
+    held = {}
+    for part in ("phase1", "phase2"):
+        part_dir = os.path.join(out_dir, part)
+        for step in complete_checkpoints(part_dir):
+            optimizer = os.path.join(checkpoint_path(part_dir, step), "optimizer")
+            held[part, step] = os.path.isdir(optimizer)
+    return held
+
+def disk_budget(cfg, params: int, held: dict) -> dict:
+    """Bytes of checkpoints, at their peak, of the parts this command runs (cfg.phase),
+    from what the run holds now (`held`, from held_checkpoints): fp32 weights (4 bytes a
+    parameter) and AdamW's two fp32 moments (8). The saves are replayed as save_checkpoint
+    and prune_checkpoints make them: a new checkpoint is written whole beside the others,
+    then the older ones are pruned. Phase one's checkpoints stay through phase two."""
+    checkpoint, weights = 12 * params, 4 * params
+    sizes = {key: checkpoint if whole else weights for key, whole in held.items()}
+    on_disk = peak = sum(sizes.values())
+    parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"]}
+    for part in parts.get(cfg.phase, []):
+        # as rlep.train's: the collection reads this step's weights
+        protected = {cfg.collect_step} if part == "phase1" else set()
+        # a part resumes after its newest checkpoint (rlep.train)
+        done = max([step for p, step in sizes if p == part], default=0)
+        for step in save_plan(cfg, part):
+            if step <= done:
+                continue
+            sizes[part, step] = checkpoint
+            peak = max(peak, sum(sizes.values()))
+            mine = sorted(s for p, s in sizes if p == part)
+            for old in pruned(mine, cfg.keep_checkpoints):
+                if old in protected:
+                    sizes[part, old] = weights
+                else:
+                    del sizes[part, old]
+    return {"per_checkpoint": checkpoint, "peak": peak, "on_disk": on_disk,
+            "need": peak - on_disk}
+
+def count_params(model_path: str) -> int:
+    """Parameters of a model folder (tied ones once, as a checkpoint saves them), built on
+    the meta device: nothing is read but its config."""
     from transformers import AutoConfig, AutoModelForCausalLM
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    params = sum(p.numel() for p in model.parameters())
-    checkpoint = 12 * params
-    return {"per_checkpoint": checkpoint, "total": 2 * (keep + 1) * checkpoint + 4 * params}
+    return sum(p.numel() for p in model.parameters())
 
-
-def check_disk(out_dir: str, model_path: str, keep: int):
-    """Refuse to start a run whose checkpoints would not fit on the output disk."""
-    need = disk_budget(model_path, keep)
-    have = shutil.disk_usage(out_dir).free
-    gib = 2 ** 30
-    print(f"disk: at most {need['total'] / gib:.1f} GiB of checkpoints "
-          f"({need['per_checkpoint'] / gib:.1f} GiB each, {keep} kept per "
-          f"part); {have / gib:.1f} GiB free in {out_dir}", flush=True)
-    if need["total"] > have:
-        raise RuntimeError(f"{out_dir}: {have / gib:.1f} GiB free, the run's "
-                           f"checkpoints need up to {need['total'] / gib:.1f} GiB: free "
-                           "some, lower --keep_checkpoints, or use another --out_dir")
+def check_disk(cfg, model_path: str):
+    """Refuse to start a command whose phase one would not save the collection's step, or
+    whose checkpoints would not fit on the output disk. Called before anything is written,
+    so that a refused start leaves no run behind."""
+    check_save_plan(cfg)
+    need = disk_budget(cfg, count_params(model_path), held_checkpoints(cfg.out_dir))
+    # the output folder may not exist yet: the disk it will be on
+    where = os.path.abspath(cfg.out_dir)
+    while not os.path.isdir(where):
+        where = os.path.dirname(where)
+    free = shutil.disk_usage(where).free
+    gb = 1e9
+    print(f"disk: checkpoints peak at {need['peak'] / gb:.1f} GB ({need['per_checkpoint'] / gb:.1f}"
+          f" GB each, --keep_checkpoints {cfg.keep_checkpoints}), {need['on_disk'] / gb:.1f} GB "
+          f"of them on disk already; {free / gb:.1f} GB free in {where}", flush=True)
+    if need["need"] > free:
+        raise RuntimeError(f"{cfg.out_dir}: {free / gb:.1f} GB free, this command's checkpoints "
+                           f"need {need['need'] / gb:.1f} GB more: free some, lower "
+                           "--keep_checkpoints, or use another --out_dir")
 
 
 # ---------------------------------------------------------------------------

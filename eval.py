@@ -115,7 +115,7 @@ def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
     prompt_len = min(args.max_prompt_len, context // 2)
     new_tokens = min(args.max_new_tokens, context - prompt_len)
     # bf16 where it is faster (measured on a CPU); the ranks take rank 0's choice
-    dtype = rlep.gather_lists([rlep.resolve_dtype(args.dtype, d.device, model_dir)], d)[0]
+    dtype = rlep.rank0_decides(lambda: rlep.resolve_dtype(args.dtype, d.device, model_dir), d)
     # "default", the costly rule, grades in sample_and_grade, rank by rank; grade_both adds "dapo"
     return rlep.Config(
         model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
@@ -148,8 +148,9 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
                          "use another --out_dir")
 
     # read_jsonl drops a killed run's torn last line; rank 0 rewrites the file without it
-    done = {(r["benchmark"], r["id"]): r for r in rlep.read_jsonl(samples_path)}
-    rlep.barrier(d)  # every rank has read the file before rank 0 rewrites it
+    # rank 0's reading for every rank: one seeing an older file would sample other chunks
+    done = rlep.rank0_decides(lambda: {(r["benchmark"], r["id"]): r
+                                       for r in rlep.read_jsonl(samples_path)}, d)
     if d.master_process:
         os.makedirs(out_dir, exist_ok=True)
         rlep.write_atomic(settings_path, json.dumps(settings, indent=2))

