@@ -925,8 +925,7 @@ def load_from_rank0(model, full_weights: dict, d: Dist):
         dist.broadcast(buffer, src=0)
 
 # -----------------------------------------------------------------------------------------
-# Phase one: GRPO/DAPO from the base model. Phase two runs the same loop,
-# `train(..., replay=True)`, from the base model on the pool's prompts.
+# Phase one: GRPO/DAPO from the base model; phase two reruns it as train(..., replay=True)
 
 def learning_rate(step: int, cfg: Config) -> float:
     """Linear warm-up, then constant. verl's LambdaLR, step / warmup_steps, counts from 0:
