@@ -3,8 +3,10 @@
     python tests/bench_verify.py [--cases PATH] [--misses]
 
 Prints accuracy on the unambiguous cases (overall and per source), latency (median, p99, max) on
-the same cases and on hostile inputs, and, when math-verify is installed, its accuracy and latency
-on the same cases for comparison. The default case file is ../shared/data/ beside the repository.
+the same cases and on hostile inputs (tests/test_verify.py asserts their verdicts, not their
+times), a call from a thread and one with a 5 ms deadline, and, when math-verify is installed,
+its accuracy and latency on the same cases for comparison. The default case file is
+../shared/data/ beside the repository.
 """
 import argparse
 import json
@@ -12,6 +14,7 @@ import os
 import select
 import statistics
 import sys
+import threading
 import time
 from collections import defaultdict
 
@@ -116,6 +119,21 @@ def main():
         verdict = verify.verify(response, gold)
         hostile_seconds.append(time.perf_counter() - start)
         print(f"    hostile {name:22s} -> {verdict!s:5s} {hostile_seconds[-1] * 1e3:8.1f} ms")
+    # the deadline from a thread (no signal.alarm there), and a 5 ms one the worker overruns
+    timed = {}
+
+    def tower():
+        start = time.perf_counter()
+        timed["verdict"] = verify.verify(r"\boxed{9^{9^{9^{9}}}}", "1")
+        timed["seconds"] = time.perf_counter() - start
+    thread = threading.Thread(target=tower)
+    thread.start()
+    thread.join()
+    print(f"    from a thread: tower -> {timed['verdict']!s:5s} {timed['seconds'] * 1e3:8.1f} ms")
+    start = time.perf_counter()
+    verdict = verify.verify(r"\boxed{\tan^2 y + 1}", r"\sec^2 y", timeout=5e-3)
+    print(f"    5 ms deadline: sympy -> {verdict!s:5s} "
+          f"{(time.perf_counter() - start) * 1e3:8.1f} ms (the worker killed if it overran)")
     canary = os.path.exists("/tmp/verify_bench_canary")
     print(f"hostile inputs: {summary(hostile_seconds)}  canary written: {canary}")
 

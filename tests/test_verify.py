@@ -7,11 +7,11 @@ import os
 import subprocess
 import sys
 import threading
-import time
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import verify as verify_module  # noqa: E402
 from verify import extract_answer, verify, verify_many  # noqa: E402
 
 
@@ -174,10 +174,14 @@ def test_verify_many():
             == [True, False, False])
 
 
-def _timed(response, gold, **kwargs):
-    start = time.monotonic()
-    verdict = verify(response, gold, **kwargs)
-    return verdict, time.monotonic() - start
+def _hanging_worker():
+    """A stand-in sympy worker that says it is ready and then never answers: a hang."""
+    code = "import time; print('ready', flush=True); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == b"ready\n"
+    proc.ready = True
+    return proc
 
 
 def test_injected_code_is_never_run(tmp_path):
@@ -217,14 +221,13 @@ def test_text_never_reaches_sympys_parser():
     "$$ 1 " * 100_000,
     "Answer: ７\u202e\u200b½" + "\U0001d7d9" * 1000,
 ])
-def test_hostile_inputs_return_false_quickly(response):
-    verdict, seconds = _timed(response, "2")
-    assert verdict is False and seconds < 1.0
+def test_hostile_inputs_return_false(response):
+    """Their latency is measured by tests/bench_verify.py, not asserted here."""
+    assert verify(response, "2") is False
 
 
-def test_one_megabyte_response_is_cheap():
-    verdict, seconds = _timed("x" * 1_000_000 + r" \boxed{7}", "7")
-    assert verdict is True and seconds < 0.5
+def test_one_megabyte_response_is_read():
+    assert verify("x" * 1_000_000 + r" \boxed{7}", "7") is True
 
 
 @pytest.mark.parametrize("response, gold",
@@ -233,24 +236,37 @@ def test_bad_types_give_false(response, gold):
     assert verify(response, gold) is False
 
 
-def test_from_a_thread():
+def test_a_passed_deadline_stops_the_sympy_stage():
+    assert verify(r"\boxed{\tan^2 y + 1}", r"\sec^2 y")  # sympy decides it; the worker is warm
+    assert verify(r"\boxed{\tan^2 y + 1}", r"\sec^2 y", timeout=0) is False
+    # exact arithmetic needs no sympy, and no time
+    assert verify(r"\boxed{\frac{1}{2}}", "0.5", timeout=0)
+
+
+def _hang_then_recover(results):
+    results["number"] = verify(r"\boxed{\frac{1}{2}}", "0.5")
+    results["symbolic"] = verify(r"\boxed{x^2+2x+1}", "(x+1)^2")  # the workers are started
+    results["tower"] = verify(r"\boxed{9^{9^{9^{9}}}}", "1")
+    hung = _hanging_worker()
+    with verify_module._workers_lock:
+        verify_module._workers.insert(0, hung)
+    # the hung worker gets the question and never answers: at the deadline it is killed
+    results["hung"] = verify(r"\boxed{\tan^2 y + 1}", r"\sec^2 y", timeout=1.0)
+    results["killed"] = hung.poll() is not None
+    hung.kill()
+    # the warm spare answers the next call
+    results["after"] = verify(r"\boxed{\tan^2 y + 1}", r"\sec^2 y")
+
+
+@pytest.mark.parametrize("where", ["main thread", "another thread"])
+def test_a_hung_worker_is_killed_at_the_deadline_and_replaced(where):
     """signal.alarm does not work off the main thread; the worker deadline does."""
     results = {}
-
-    def work():
-        results["number"] = verify(r"\boxed{\frac{1}{2}}", "0.5")
-        results["symbolic"] = verify(r"\boxed{x^2+2x+1}", "(x+1)^2")
-        results["tower"] = _timed(r"\boxed{9^{9^{9^{9}}}}", "1")
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join(timeout=60)
-    assert results["number"] and results["symbolic"]
-    assert results["tower"][0] is False and results["tower"][1] < 1.0
-
-
-def test_overrunning_worker_is_killed_and_replaced():
-    assert verify(r"\boxed{\sin^2 x + \cos^2 x}", "1")                 # worker started and warm
-    verdict, seconds = _timed(r"\boxed{\tan^2 y + 1}", r"\sec^2 y", timeout=5e-3)
-    assert verdict is False and seconds < 0.5
-    # a fresh worker answers again
-    assert verify(r"\boxed{\tan^2 y + 1}", r"\sec^2 y")
+    if where == "main thread":
+        _hang_then_recover(results)
+    else:
+        thread = threading.Thread(target=_hang_then_recover, args=(results,))
+        thread.start()
+        thread.join(timeout=120)
+    assert results == {"number": True, "symbolic": True, "tower": False, "hung": False,
+                       "killed": True, "after": True}
