@@ -86,12 +86,12 @@ mutations = [
     ("collection K ignored", "rlep.py", "cfg.collect_k, cfg, [end_id],", "cfg.n, cfg, [end_id],"),
     ("collection temperature ignored", "rlep.py",
      '(cfg.seed, "collect"), cfg.collect_temperature,', '(cfg.seed, "collect"), cfg.temperature,'),
-    ("collection top-p ignored", "rlep.py", "cfg.collect_top_p)", "cfg.top_p)"),
+    ("collection top-p ignored", "rlep.py", "cfg.collect_top_p, keep=", "cfg.top_p, keep="),
     ("min_successes ignored", "rlep.py", 'if len(successes[row["id"]]) >= cfg.min_successes]',
      'if len(successes[row["id"]]) >= 1]'),
-    ("collection keeps unverified answers", "rlep.py",
-     'right = [t for t, ok in zip(r["responses"], r["correct"]) if ok]',
-     'right = list(r["responses"])'),
+    ("collection keeps unverified answers", "data.py",
+     'right = [t for t, ok in zip(record["responses"], record["correct"]) if ok]',
+     'right = list(record["responses"])'),
     # validation
     ("phase two validates on other draws", "rlep.py",
      "record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step + 1))",
@@ -127,7 +127,7 @@ mutations = [
     ("paper preset: collect_k 32", "rlep.py", "collect_k: int = 64", "collect_k: int = 32"),
     ("paper preset: warm-up 5", "rlep.py", "warmup_steps: int = 10", "warmup_steps: int = 5"),
     ("disk check removed from main", "rlep.py",
-     "check_disk(cfg.out_dir, model_path, cfg.keep_checkpoints)", "pass"),
+     "check_disk(cfg, model_path)", "pass"),
 ]
 
 
