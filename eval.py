@@ -1,11 +1,11 @@
 r"""
 eval.py: avg@k and pass@k of a checkpoint, or of every checkpoint of a run, on math benchmarks
 (AIME-2024, AIME-2025, AMC-2023, MATH-500: JSONL or parquet, DAPO schema or {"problem", "answer"}).
-The protocol is the paper's (RLEP_SPEC.md section 4): k = 32 samples per problem at temperature 1.0
-and top-p 1.0, up to 3072 new tokens, the training prompt template, ending at the EOS (or
---stop_token) as in training. avg@k: the mean accuracy over all (problem, sample) pairs; pass@k: the
-unbiased estimate of solving a problem with at least one of k samples. Duplicated rows (DAPO's AIME
-file repeats each problem 32x) count once.
+The protocol is the paper's (docs/paper.md: Evaluation protocol): k = 32 samples per problem at
+temperature 1.0 and top-p 1.0, up to 3072 new tokens, the training prompt template, ending at the
+EOS (or --stop_token) as in training. avg@k: the mean accuracy over all (problem, sample) pairs;
+pass@k: the unbiased estimate of solving a problem with at least one of k samples. Duplicated rows
+(DAPO's AIME file repeats each problem 32x) count once.
 Both rules of verify.py grade every response (so no --verify_mode): "dapo", the paper's exact match
 of the last `Answer:` line in the last 300 characters (a \boxed{}-only answer is wrong), and
 "default", our equivalence checker. Records hold "correct": {"dapo": [...], "default": [...]};
@@ -197,6 +197,7 @@ def architecture(model_dir: str) -> list:
 # Curves: avg@k of checkpoints against training step; baseline vs RLEP validation curves
 
 def checkpoint_step(model_dir: str) -> int | None:
+    # 'runs/paper/phase2/step_000320' -> 320
     match = re.fullmatch(r"step_(\d+)", os.path.basename(os.path.normpath(model_dir)))
     return int(match.group(1)) if match else None
 
@@ -266,8 +267,10 @@ def parse_args(argv=None):
                         help="as rlep.py's: '' ends responses at the tokenizer's EOS")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto",
-                        help="auto: bfloat16 on GPUs and CPUs with native bf16")
-    parser.add_argument("--gpu_memory_utilization", type=float, default=0.85)
+                        help="auto: bfloat16 on a GPU; on a CPU the faster of float32 and "
+                             "bfloat16, measured (rlep.resolve_dtype)")
+    parser.add_argument("--gpu_memory_utilization", type=float, default=0.85,
+                        help="vLLM's share of the GPU (no trainer beside it: rlep.py's 0.55)")
     parser.add_argument("--chunk_problems", type=int, default=64,
                         help="problems sampled between two saves")
     args = parser.parse_args(argv)

@@ -33,7 +33,7 @@ Deviations from the paper (and its verl code):
    each one ~100 times.
 7. Mini-batches are runs of the step's shuffled prompts, whole groups, as many on every
    rank; verl's are ranges of a token-balanced order.
-Controls the paper lacks, off by default (README: the studies): `--phase1_prompts pool`,
+Controls the paper lacks, off by default (docs/studies.md): `--phase1_prompts pool`,
 `--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`.
 """
 import os
@@ -83,7 +83,7 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")
 logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
 
 # -----------------------------------------------------------------------------------------
-# Config: the defaults are the paper's (RLEP section 4 and its run scripts; RLEP_SPEC.md)
+# Config: field defaults are the paper's run (--preset paper, docs/paper.md); default preset: cpu
 
 dapo_template = (
     "Solve the following math problem step by step. The last line of your response should "
@@ -116,7 +116,7 @@ class Config:
     weight_decay: float = 0.1  # λ, AdamW's weight decay
     warmup_steps: int = 10  # linear warm-up, in training steps
     grad_clip: float = 1.0  # the global gradient-norm clip
-    mini_batch_prompts: int = 64  # an optimizer step takes 64 x n sequences
+    mini_batch_prompts: int = 64  # an optimizer step: this x n sequences
     epochs: int = 1  # PPO epochs over each step's batch
     clip_low: float = 0.2  # ε_low
     clip_high: float = 0.28  # ε_high, DAPO's clip-higher
@@ -156,9 +156,9 @@ class Config:
     phase: str = "all"  # all | 1 | collect | 2
     resume: bool = False  # continue the run in out_dir
     seed: int = 1  # every random draw derives from it: see seed_for
-    dtype: str = "auto"  # autocast and vLLM; auto: bf16 where it is native
+    dtype: str = "auto"  # autocast and vLLM; auto: bf16 on GPU, on CPU measured
     gradient_checkpointing: bool = True  # memory for compute
-    gpu_memory_utilization: float = 0.55  # vLLM's share (README budget)
+    gpu_memory_utilization: float = 0.55  # vLLM's share (docs/gpu.md: Memory budget)
     timeout_minutes: int = 180  # a collective waits this long for a slow rank
     save_every: int = 20  # checkpoint every N steps, at a part's end and at collect_step
     keep_checkpoints: int = 2  # the newest N of a part (+ collect_step's); 0: all
@@ -188,7 +188,7 @@ presets = {
         val_every=3, val_k=4, verify_mode="default", gradient_checkpointing=False, save_every=6,
         log_samples=2, progress=False),
 }
-# RLEP: the cpu preset where replays can rescue (README: cpu-hard), the paper's K = 64
+# RLEP: the cpu preset where replays can rescue (docs/studies.md), the paper's K = 64
 presets["cpu-hard"] = dict(
     presets["cpu"], train_file="builtin:arith-mix:train", val_file="builtin:arith-mix:val",
     out_dir="runs/cpu-hard", collect_k=64)
@@ -234,7 +234,7 @@ def resolve_dtype(dtype: str, device: torch.device, model_path: str) -> DtypeCho
         return DtypeChoice(dtype, "set by --dtype", gflops)
     if device.type == "cuda":
         return DtypeChoice("bfloat16", "GPU", gflops)
-    # bf16 rounds the log-probs (a gap to vLLM's of ~0.3, not ~1e-5): it must pay
+    # bf16 rounds the log-probs (a gap to vLLM's of ~0.3, not ~1e-5): it must be 1.5x faster
     if gflops["bfloat16"] >= 1.5 * gflops["float32"]:
         return DtypeChoice("bfloat16", measured, gflops)
     return DtypeChoice("float32", f"{measured}; bf16 must be 1.5x faster", gflops)
@@ -258,7 +258,7 @@ def setup_distributed(timeout_minutes: int = 180) -> Dist:
     world_size = int(os.environ["WORLD_SIZE"])
     # NCCL's default can be shorter than a rank's generation
     timeout = datetime.timedelta(minutes=timeout_minutes)
-    # vLLM reuses this group; with TP = 1 it must exist before the engine (VLLM_CPU.md)
+    # vLLM reuses this group; with TP = 1 it must exist before the engine (docs/cpu.md)
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -432,7 +432,7 @@ class Engine:
     def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
                  max_tokens: int, stop_ids: list[int], seeds: list[int],
                  logprobs: bool = False, progress: bool = False) -> list[list[Completion]]:
-        """n completions per prompt, seeded per prompt (README: reproducibility)."""
+        """n completions per prompt, seeded per prompt (docs/gpu.md: Reproducibility)."""
         from vllm import SamplingParams
         if self.llm.llm_engine.is_sleeping():
             raise RuntimeError("vLLM is asleep (weights or KV cache): generate would wait "

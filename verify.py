@@ -2,12 +2,25 @@
 
 verify(response, gold) extracts the final answer, normalises both sides and decides equivalence:
 string match, exact rational arithmetic on plain numbers, bracket-aware tuples, sets, intervals and
-matrices, and only then sympy. Sympy runs in a persistent worker process that parses LaTeX with
-latex2sympy2_extended (never eval), refuses huge magnitudes before any arithmetic and is killed
-when it overruns, so every call returns in bounded time, on any thread.
+matrices, then sympy, in a persistent worker that parses LaTeX with latex2sympy2_extended (never
+eval), refuses huge magnitudes before any arithmetic and is killed at its deadline (any thread).
 mode="dapo" is the paper's rule (math_dapo). CLI: python verify.py '\\boxed{\\frac12}' '0.5'"""
-import atexit, cmath, functools, itertools, json, math, os, random, re, select, subprocess, sys
-import threading, time, unicodedata
+import atexit
+import cmath
+import functools
+import gc
+import itertools
+import json
+import math
+import os
+import random
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+import unicodedata
 from collections import namedtuple
 from fractions import Fraction
 
@@ -15,31 +28,35 @@ from fractions import Fraction
 _TAIL_CHARS = 4000      # only the end of a response can hold its final answer
 _MAX_ANSWER_CHARS = 1000
 _MAX_DEPTH = 40         # bracket nesting; deeper answers are refused, not parsed
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*")
-_BOXED_WORD = re.compile(r"\\boxed ([\w.]+)")
-_MARKER = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is\b\s*:?|:)\s*(?=\S)")
+_MAX_GAP = 40           # characters between two spans of one answer, or before a '\boxed 5' word
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*")              # '\boxed{7}', '\fbox {7}'
+_BOXED_WORD = re.compile(r"\\boxed ([\w.]+)")          # '\boxed 5', no braces
+_MARKER = re.compile(r"(?i)(?:final\s+answer|answer)\s*(?:is\b\s*:?|:)\s*(?=\S)")  # 'Answer: 7'
 _SPAN = re.compile(r"\$\$(.{1,800}?)\$\$|\\\[(.{1,800}?)\\\]|\\\((.{1,800}?)\\\)"
-                   r"|(?<!\\)\$((?:[^$\n]|\\\$){1,800}?)(?<!\\)\$", re.S)
+                   r"|(?<!\\)\$((?:[^$\n]|\\\$){1,800}?)(?<!\\)\$", re.S)  # '$x$', '\[x\]'
 _NUMBER = re.compile(r"(?<![\w.\\])[-+]?"
                      r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\s\d+/\d+|\d+/\d+|\d+(?:\.\d+)?|\.\d+)"
-                     r"(?:\s?(?:\\?%|percent|pct))?(?!\d)")
+                     r"(?:\s?(?:\\?%|percent|pct))?(?!\d)")    # '-7', '1,000', '4 4/9', '28%'
 _JOINER = re.compile(r"(?:[\s$,;.]|\\quad|\\qquad|\\[()\[\]]|\\text\{[^{}]{0,30}\})*"
                      r"(?:[^\n{}$]{0,12}?(?:,|\band\b|\bor\b)"
-                     r"(?:[\s$]|\\quad|\\qquad|\\[()\[\]]|\})*)?")
-_PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")
+                     r"(?:[\s$]|\\quad|\\qquad|\\[()\[\]]|\})*)?")  # ', ', '$ and $', '\quad or '
+_PROSE_WORD = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{3,}")   # 'the', 'area'; not '\frac'
+# markup, not prose: '\text{cm}', '\mathrm{kg}', '\frac', '\begin{pmatrix}'
 _MARKUP = re.compile(r"\\(?:text|mathrm|textbf)\{[^{}]*\}|\\[a-zA-Z]+(?:\{[a-zA-Z*]*\})?")
-_HOPE = re.compile(r"(?i)\.?\s*I hope it is correct.*$", re.S)
+_HOPE = re.compile(r"(?i)\.?\s*I hope it is correct.*$", re.S)   # MATH's '5. I hope it is correct.'
 _Span = namedtuple("_Span", "start end content")    # where a \boxed{} or $...$ is, what it holds
+
 def _group_end(s, start, opening="([{", closing=")]}"):
     """Index just past the bracket group that opens at s[start], or None if it never closes."""
     depths = itertools.accumulate((c in opening) - (c in closing) for c in s[start:])
     return next((start + i + 1 for i, depth in enumerate(depths) if depth == 0), None)
+
 def _boxes(text):
     """Spans of the last 50 \\boxed{...}, \\fbox{...} and \\boxed 5, in order."""
     found = []
     for m in list(_BOX.finditer(text))[-50:]:
         end = _group_end(text, m.end(), "{", "}") if text.startswith("{", m.end()) else None
-        word = None if end else _BOXED_WORD.match(text[m.start():m.start() + 40])
+        word = None if end else _BOXED_WORD.match(text[m.start():m.start() + _MAX_GAP])
         if end:
             found.append(_Span(m.start(), end, text[m.end() + 1:end - 1]))
         elif word:
@@ -50,11 +67,13 @@ def _join_last(spans, text):
     """The last span's content, with the spans before it that only ',', 'and' or 'or' separate."""
     gaps = [text[a.end:b.start] for a, b in zip(spans, spans[1:])]
     first = len(spans) - 1
-    while first > 0 and len(gaps[first - 1]) <= 40 and _JOINER.fullmatch(gaps[first - 1]):
+    while first > 0 and len(gaps[first - 1]) <= _MAX_GAP and _JOINER.fullmatch(gaps[first - 1]):
         first -= 1
     return ", ".join(span.content for span in spans[first:])
+
 def _is_prose(text):
     return bool(_PROSE_WORD.search(_MARKUP.sub("", text)))
+
 def _whole_or_number(text):
     text = text.strip().rstrip(".").strip()
     numbers = _NUMBER.findall(text) if _is_prose(text) else []
@@ -135,16 +154,28 @@ def normalize(answer):
 
 # ------------------------------------------------------------------------- numbers and structure
 _THOUSANDS = re.compile(r"[+-]?\d{1,3}([, ]\d{3})+(\.\d+)?")          # 1,000 or 1 000
-_PLAIN = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
-_MIXED = re.compile(r"([+-]?)(\d+)(?: (\d+)/(\d+)|\s*\\frac\{(\d+)\}\{(\d+)\})")
-_FRAC = re.compile(r"([+-]?)(?:\\frac\{([^{}]+)\}\{([^{}]+)\}|([^/\s]+)/([^/\s]+))")
+_PLAIN = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")   # '-12', '3.', '0.25', '.5'
+_MIXED = re.compile(r"([+-]?)(\d+)(?: (\d+)/(\d+)|\s*\\frac\{(\d+)\}\{(\d+)\})")   # '4 4/9'
+_FRAC = re.compile(r"([+-]?)(?:\\frac\{([^{}]+)\}\{([^{}]+)\}|([^/\s]+)/([^/\s]+))")   # '-3/4'
 _Number = namedtuple("_Number", "value decimals")  # decimals: digits after the point, -1 if exact
+_MATRIX = re.compile(r"[(\[]?\\begin\{([pbvB]?matrix|array)\}(?:\{[lcr|]*\})?(.*)\\end\{\1\}[)\]]?",
+                     re.S)      # '\begin{pmatrix} 1 & 2 \\ 3 & 4 \end{pmatrix}'
+_INEQUALITY = re.compile(r"(?:(.+?)\s*(<|\\leq|>|\\geq)\s*)?"     # 'x > 3', '-1 \leq x < 2'
+                         r"([a-zA-Z](?:\([a-z]\))?)\s*(<|\\leq|>|\\geq)\s*(.+)")
+# kinds: 'leaf' (text), 'set' (unordered), 'tuple' (brackets '(]', ...), 'union', 'matrix', 'row'
+_Structure = namedtuple("_Structure", "kind items brackets text", defaults=((), "", ""))
+_UNBOUNDED = re.compile(r"\\(?:i*int|oint|sum|prod|lim)(?![a-z])")   # '\int', '\sum': refused
+# a name on the left of '=': 'x', 'f(x)', '\overline{AB}', 'a_{1}', '\angle ABC'
+_NAME_PART = r"[a-zA-Z_{}()|:',^\s\d]|\\frac|\\text"
+_NAME = re.compile(rf"(?:{_NAME_PART}|\\overline|\\angle)*[a-zA-Z](?:{_NAME_PART})*")
+_CHOICE = re.compile(r"\(?[A-E]\)?(?:[.:)]\s|$)")     # a multiple-choice answer: '(B)', 'C. 5'
+
 def _number(s):
     """The _Number of 1,000 / 1 000 / 4 4/9 / \\frac{a}{b} / 5%, or None."""
     if s.endswith("%"):
         n = _number(s[:-1].strip())
         return n and _Number(n.value / 100, n.decimals + 2 if n.decimals >= 0 else -1)
-    s = re.sub(r"^([+-]) +", r"\1", s)
+    s = re.sub(r"^([+-]) +", r"\1", s)     # '- 5' -> '-5'
     if _THOUSANDS.fullmatch(s) and not s.lstrip("+-").startswith("0,"):
         s = re.sub("[, ]", "", s)
     if _PLAIN.fullmatch(s):
@@ -168,6 +199,7 @@ def _close(approx, decimals, exact):
     if approx == exact or decimals < 2 or (exact * 10 ** decimals).denominator == 1:
         return approx == exact
     return abs(approx - exact) <= Fraction(1, 2 * 10 ** decimals) * (1 + Fraction(1, 10 ** 9))
+
 def _numbers_equal(pred, gold):
     (p, p_decimals), (g, g_decimals) = pred, gold
     if g_decimals < 0 and g.denominator == 1:       # an integer gold (AIME): no tolerance
@@ -177,12 +209,7 @@ def _numbers_equal(pred, gold):
     if g_decimals >= 0 and (p_decimals < 0 or p_decimals > g_decimals):
         return _close(g, g_decimals, p)
     return p == g
-_MATRIX = re.compile(r"[(\[]?\\begin\{([pbvB]?matrix|array)\}(?:\{[lcr|]*\})?(.*)\\end\{\1\}[)\]]?",
-                     re.S)
-_INEQUALITY = re.compile(r"(?:(.+?)\s*(<|\\leq|>|\\geq)\s*)?"
-                         r"([a-zA-Z](?:\([a-z]\))?)\s*(<|\\leq|>|\\geq)\s*(.+)")
-# kinds: 'leaf' (text), 'set' (unordered), 'tuple' (brackets '(]', ...), 'union', 'matrix', 'row'
-_Structure = namedtuple("_Structure", "kind items brackets text", defaults=((), "", ""))
+
 def _split_top(s, sep):
     """Split s on sep outside brackets; None when brackets nest deeper than _MAX_DEPTH."""
     depths = [0, *itertools.accumulate((c in "([{") - (c in ")]}") for c in s)]
@@ -206,10 +233,9 @@ def _structure(s):
         return _Structure("set", [_structure(x) for x in _split_top(s[2:-2], ",") or []])
     if len(s) > 1 and s[0] in "([{" and s[-1] in ")]}" and _group_end(s, 0) == len(s):
         items = [_structure(x) for x in _split_top(s[1:-1], "," if "," in s else ";") or []]
-        if len(items) > 1 and s[0] == "{":
-            return _Structure("set", items)
         if len(items) > 1:
-            return _Structure("tuple", items, s[0] + s[-1])
+            kind = "set" if s[0] == "{" else "tuple"
+            return _Structure(kind, items, "" if kind == "set" else s[0] + s[-1])
     # a bare list '1, 2' (or '1; 2') is a set, but '1,000' is one number
     separator = ";" if ";" in s and "," not in s else ","
     parts = [s] if _THOUSANDS.fullmatch(s) else _split_top(s, separator) or [s]
@@ -242,22 +268,17 @@ def _compare(p, g, leaf_equal):
     if kinds == {"set"}:            # unordered: each side covers the other
         covered = all(any(equal(x, y) for y in g.items) for x in p.items)
         return covered and all(any(equal(x, y) for x in p.items) for y in g.items)
-    # items in order; a set written as a tuple keeps its order
-    if kinds == {"tuple", "set"} or p.kind == g.kind and p.brackets == g.brackets:
+    if kinds == {"tuple", "set"} or p.kind == g.kind and p.brackets == g.brackets:  # in order
         return len(p.items) == len(g.items) and all(map(equal, p.items, g.items))
     if kinds == {"leaf", "tuple"}:  # an inequality against an interval
         p = (_as_interval(p.text) or p) if p.kind == "leaf" else p
         g = (_as_interval(g.text) or g) if g.kind == "leaf" else g
         return p.kind == g.kind and equal(p, g)
     return False
-_UNBOUNDED = re.compile(r"\\(?:i*int|oint|sum|prod|lim)(?![a-z])")   # the size guard refuses these
-# a name on the left of '=': x, f(x), \overline{AB}, a_{1}
-_NAME_PART = r"[a-zA-Z_{}()|:',^\s\d]|\\frac|\\text"
-_NAME = re.compile(rf"(?:{_NAME_PART}|\\overline|\\angle)*[a-zA-Z](?:{_NAME_PART})*")
-_CHOICE = re.compile(r"\(?[A-E]\)?(?:[.:)]\s|$)")     # a multiple-choice answer: '(B)', 'C. 5'
+
 def _rhs(s):
     """'x = 5' -> '5', 'f(x) = 2x+3' -> '2x+3', 'a = b = c' -> 'c'; other equations stay."""
-    parts = [x.strip() for x in re.split(r"(?<![<>!\\])=", s)]
+    parts = [x.strip() for x in re.split(r"(?<![<>!\\])=", s)]    # '=', not '<=', '!=', '\='
     lhs, rhs = parts[0], parts[-1]
     named = len(parts) == 2 and _NAME.fullmatch(lhs) and not re.fullmatch(r"[\d\s]+", lhs)
     if len(parts) > 2 or named or len(parts) == 2 and _number(lhs) and _number(rhs):
@@ -276,7 +297,7 @@ def _leaf_equal(pred, gold, symbolic):
         return _numbers_equal(p, g) or dropped and _numbers_equal(p, _Number(100 * g.value, -1))
     if not pred or not gold or ":" in pred + gold:
         return False
-    letter = re.fullmatch(r"[A-Z]", gold) or re.fullmatch(r"[A-Z]", pred)
+    letter = re.fullmatch(r"[A-Z]", gold) or re.fullmatch(r"[A-Z]", pred)     # 'B': a choice
     return not letter and not _UNBOUNDED.search(pred + gold) and symbolic(pred, gold)
 
 def _equivalent(pred, gold, symbolic):
@@ -285,10 +306,9 @@ def _equivalent(pred, gold, symbolic):
         return True
     if _split_top(pred, "\0") is None or _split_top(gold, "\0") is None:   # nested too deep
         return False
-    # multiple choice: the first letter decides
-    if re.fullmatch(r"[A-E]", gold) and (_CHOICE.match(pred) or _is_prose(pred)):
+    if re.fullmatch(r"[A-E]", gold) and (_CHOICE.match(pred) or _is_prose(pred)):  # first letter
         return re.findall(r"(?<![A-Za-z\\])[A-E](?![A-Za-z])", pred)[:1] == [gold]
-    for a, b in ((pred, gold), (gold, pred)):   # a decimal comma: 2,74
+    for a, b in ((pred, gold), (gold, pred)):   # a decimal comma, '2,74' against '2.74'
         if re.fullmatch(r"[+-]?\d+,\d+", a) and re.fullmatch(r"[+-]?\d*\.\d+", b):
             pred, gold = pred.replace(",", "."), gold.replace(",", ".")
     # '(p, q) = (3, 2)': keep the right-hand side, before it is read as a tuple
@@ -298,9 +318,15 @@ def _equivalent(pred, gold, symbolic):
 
 # -------------------------------------------------------------------------------- sympy worker
 _MAX_DIGITS = 100_000   # refuse any sub-expression whose value could need more digits than this
-_COMPLEX = re.compile(r"(?<![a-zA-Z\\])i(?![a-zA-Z])")
-# ANTLR's Python runtime fills its prediction caches lazily: a construct's first parse costs 20-200
-# ms, later ones about 1 ms. Parsing typical answers once at start-up takes that out of the calls.
+_MAX_NODES = 2000       # sub-trees the size guard visits before it refuses an expression
+_LOG10_2 = 0.302        # log10(2), rounded up: digits per bit, and what one sum adds
+_MAX_EXP = 400          # caps x in 10 ** x (a float); such sizes are refused anyway
+_TOL = 1e-9             # relative: how close two values at a random point must be
+_workers = []                       # the worker processes: [answering, spare]
+_workers_lock = threading.Lock()    # one call at a time talks to them
+_first_worker_ready = False         # before the first "ready", waits use startup_timeout
+_COMPLEX = re.compile(r"(?<![a-zA-Z\\])i(?![a-zA-Z])")     # the i of '3 + 4i', not of '\pi', 'sin'
+# ANTLR fills its caches lazily: a construct's first parse takes 20-200 ms, later ones about 1 ms
 _WARMUP = r"""\frac{p_{1}}{q_{1}} \cdot \left(\frac{q_0}{p + q_0}\right)^{1/3}
 \frac{2}{5y^{3/4}} + \sqrt[3]{t^2 + 1}^2;\sin^2 x + \cos(2\theta) - \tan^{2}(y) + \sec x + \cot x
 \begin{pmatrix} 1 & x \\ \sqrt{2} & 4 \end{pmatrix};\text{yes};\frac{\sqrt{3}}{2} + 2\sqrt{2} - \pi
@@ -312,8 +338,10 @@ y^{5}+3 y^{2}-7 y+1;1.5 \times 10^{-3};7! + \binom{6}{3};2a + 3b - 4c = 0;x * 2 
 7k^{3}(2+5k^{2});4 \sin b \cos a;\sqrt[4]{y}^{3};(t-1)(t+2)^{3};|x - 1| \leq 3;\cot(u)+\csc u
 12m^5(3m^4-1);(2, 0.25);\cos^2(t) - 1;p \geq 2;\{1, 2\};h(s) + 1;-x > -1;101_{2};(a, b];QRS2T;15\%
 g(t)""".replace("\n", ";").split(";")
+
 class _Unsafe(Exception):
     pass
+
 def _log10_bound(e, budget):
     """Upper bound on log10|value| of every numeric sub-tree of e, found without evaluating e."""
     import sympy
@@ -322,19 +350,19 @@ def _log10_bound(e, budget):
     if budget[0] < 0 or isinstance(e, unbounded):
         raise _Unsafe("too large or unbounded")
     if isinstance(e, sympy.Rational):
-        return max(e.p.bit_length(), e.q.bit_length()) * 0.302 + 1
+        return max(e.p.bit_length(), e.q.bit_length()) * _LOG10_2 + 1
     is_matrix = isinstance(e, sympy.MatrixBase)
     args = list(e) if is_matrix else [a for a in e.args if isinstance(a, sympy.Basic)]
     sizes = [_log10_bound(a, budget) for a in args] or [1.0]
     if isinstance(e, sympy.Pow):    # |exponent| <= 10^size; small constant ones are evaluated
         small = sizes[1] < 15 and not e.args[1].free_symbols
-        exponent = abs(complex(sympy.N(e.args[1], 15))) if small else 10 ** min(sizes[1], 400)
+        exponent = abs(complex(sympy.N(e.args[1], 15))) if small else 10 ** min(sizes[1], _MAX_EXP)
         size = sizes[0] * max(exponent, 1)
     elif isinstance(e, (sympy.factorial, sympy.binomial, sympy.gamma, sympy.exp)):
-        n = 10 ** min(max(sizes), 400)
+        n = 10 ** min(max(sizes), _MAX_EXP)
         size = n * max(math.log10(n), 1)
-    else:
-        size = sum(sizes) if isinstance(e, sympy.Mul) else max(sizes) + 0.31
+    else:   # a product's digits add up; a sum's are its largest term's, plus a little
+        size = sum(sizes) if isinstance(e, sympy.Mul) else max(sizes) + _LOG10_2
     if size > _MAX_DIGITS:
         raise _Unsafe("magnitude")
     return size
@@ -343,6 +371,7 @@ def _sympy_parser():
     """latex2sympy2_extended with no path from text to sympify/parse_expr: numbers are built with
     Fraction() and sympy's text parser is replaced, in the worker, by a function that raises."""
     import sympy.parsing.sympy_parser
+    from antlr4.atn.PredictionMode import PredictionMode
     from latex2sympy2_extended import latex2sympy2
     from latex2sympy2_extended.math_normalization import NormalizationConfig, normalize_latex
     def refuse(*args, **kwargs):
@@ -353,13 +382,22 @@ def _sympy_parser():
     latex2sympy2.convert_number = number
     converter = type("Converter", (latex2sympy2._Latex2Sympy,),
                      {"parse_number": lambda self, text: number(text)})
+    def sll_parser(self, text):     # ANTLR's SLL prediction: what it parses is LL's parse tree
+        parser = converter.create_parser(self, text)
+        parser._interp.predictionMode = PredictionMode.SLL
+        return parser
+    fast = type("FastConverter", (converter,), {"create_parser": sll_parser})
     # units=False: its unit list strips letters ("a + b + c" loses its c); normalize() does units
     config = NormalizationConfig(basic_latex=True, units=False, malformed_operators=True,
                                  nits=True, boxed="none")
     def parse(text):
         is_complex = bool(_COMPLEX.search(text))
-        expr = converter(is_real=None if is_complex else True).parse(normalize_latex(text, config))
-        _log10_bound(expr, [2000])
+        latex, is_real = normalize_latex(text, config), None if is_complex else True
+        try:    # LL's full-context prediction costs 20-100 ms a parenthesis, each time
+            expr = fast(is_real=is_real).parse(latex)
+        except Exception:   # a syntax error for SLL, maybe not for LL: the full parse decides
+            expr = converter(is_real=is_real).parse(latex)
+        _log10_bound(expr, [_MAX_NODES])
         if is_complex:
             expr = expr.subs({s: sympy.I for s in expr.free_symbols if s.name == "i"})
         return expr
@@ -370,6 +408,7 @@ def _at_points(expr, symbols):
     rng = random.Random(0)
     points = [{s: rng.uniform(0.5, 2.5) for s in symbols} for _ in range(3)]
     return [complex(sympy.N(expr, 20, subs=point)) for point in points]
+
 def _relation_equal(a, b):
     """Equations match when their lhs - rhs are proportional; inequalities when positively so."""
     def key(r):     # (expression, op), read as: expression op 0
@@ -380,8 +419,9 @@ def _relation_equal(a, b):
     if ka != kb or ea.free_symbols != eb.free_symbols or not symbols:
         return False
     ratios = _at_points(ea / eb, symbols)
-    constant = all(abs(r - ratios[0]) <= 1e-9 * abs(ratios[0]) for r in ratios)
+    constant = all(abs(r - ratios[0]) <= _TOL * abs(ratios[0]) for r in ratios)
     return constant and abs(ratios[0]) > 1e-12 and (ka in ("==", "!=") or ratios[0].real > 0)
+
 def _sym_equal(a, b):
     import sympy
     if a == b:
@@ -392,15 +432,18 @@ def _sym_equal(a, b):
         return False
     symbols = sorted(a.free_symbols | b.free_symbols, key=str)
     pairs = zip(_at_points(a, symbols), _at_points(b, symbols))
-    return all(cmath.isfinite(x) and abs(x - y) <= 1e-9 * max(1, abs(x), abs(y)) for x, y in pairs)
+    return all(cmath.isfinite(x) and abs(x - y) <= _TOL * max(1, abs(x), abs(y)) for x, y in pairs)
 
 def _worker_main():
     """Answer JSON lines [pred, gold] with true/false, one at a time, until stdin closes."""
     import resource
-    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+    resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))     # 3 GiB
     parse = _sympy_parser()
     for text in _WARMUP:
         parse(text)
+    # a full collection over the warmed-up parser's millions of objects stalls a call 70-150 ms
+    gc.collect()
+    gc.freeze()
     print("ready", flush=True)
     for line in sys.stdin:
         try:
@@ -413,9 +456,7 @@ def _worker_main():
 def _readline(proc, timeout):
     ready = timeout > 0 and select.select([proc.stdout], [], [], timeout)[0]
     return proc.stdout.readline() if ready else None
-_workers = []                       # the worker processes: [answering, spare]
-_workers_lock = threading.Lock()    # one call at a time talks to them
-_first_worker_ready = False         # before the first "ready", waits use startup_timeout
+
 def _ask_worker(pred, gold, deadline, startup_timeout=30.0):
     """Sympy's verdict from a persistent `python verify.py --worker` (no fork, no torch); a warm
     spare takes over when it overruns and is killed. Only the first start-up is not on the clock."""
@@ -426,6 +467,7 @@ def _ask_worker(pred, gold, deadline, startup_timeout=30.0):
         return _ask_locked(pred, gold, deadline, startup_timeout)
     finally:
         _workers_lock.release()
+
 def _ask_locked(pred, gold, deadline, startup_timeout):
     global _first_worker_ready
     # out of time: no more sympy in this call (waits for a warming spare count too)
@@ -445,7 +487,7 @@ def _ask_locked(pred, gold, deadline, startup_timeout):
             return False
         if not _first_worker_ready:
             _first_worker_ready = True
-            deadline = max(deadline, time.monotonic() + 0.5)
+            deadline = max(deadline, time.monotonic() + 0.5)   # its call gets 0.5 s
     proc.stdin.write(json.dumps([pred, gold]).encode() + b"\n")
     proc.stdin.flush()
     answer = _readline(proc, deadline - time.monotonic())
@@ -470,20 +512,22 @@ _DAPO_REMOVED = ["square", "ways", "integers", "dollars", "mph", "inches", "hour
                  "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}", "\\text{}^2", "\\text{}^3",
                  "\\text{\n}", "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;", r",\!",
                  "{,}", '"', "\\dots"]
+
 def _dapo_normalize(answer):
     answer = answer.split("=")[-1]
     for before, after in _DAPO_SUBSTITUTIONS + [(removed, "") for removed in _DAPO_REMOVED]:
         answer = answer.replace(before, after)
-    answer = re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\\3$", answer)
+    answer = re.sub(r"(.*?)(\$)(.*?)(\$)(.*)", "$\\3$", answer)     # 'is $5$ m' -> '$5$'
     for command in ("text", "textbf", "overline"):
-        answer = re.sub(r"(\\" + command + r"\{)(.*?)(\})", "\\2", answer)
-    answer = re.sub(r"(\\boxed\{)(.*)(\})", "\\2", answer)
-    answer = re.sub(r"(frac)([^{])(.)", "frac{\\2}{\\3}", answer)
-    answer = re.sub(r"(sqrt)([^{])", "sqrt{\\2}", answer).replace("$", "")
+        answer = re.sub(r"(\\" + command + r"\{)(.*?)(\})", "\\2", answer)   # '\text{5}' -> '5'
+    answer = re.sub(r"(\\boxed\{)(.*)(\})", "\\2", answer)          # '\boxed{5}' -> '5'
+    answer = re.sub(r"(frac)([^{])(.)", "frac{\\2}{\\3}", answer)   # '\frac12' -> '\frac{1}{2}'
+    answer = re.sub(r"(sqrt)([^{])", "sqrt{\\2}", answer).replace("$", "")  # '\sqrt2' -> '\sqrt{2}'
     return (answer.replace(",", "") if answer.replace(",", "").isdigit() else answer).strip()
+
 def dapo_correct(response, gold):
     """math_dapo.compute_score: last 'Answer:' line of the last 300 characters, Minerva, exact."""
-    matches = re.findall(r"(?i)Answer\s*:\s*([^\n]+)", response[-300:])
+    matches = re.findall(r"(?i)Answer\s*:\s*([^\n]+)", response[-300:])    # 'Answer: 7' -> '7'
     return _dapo_normalize(matches[-1] if matches else "[INVALID]") == _dapo_normalize(gold)
 
 # -------------------------------------------------------------------------------- public API
@@ -500,6 +544,7 @@ def verify(response, gold, mode="default", timeout=1.0):
         return bool(gold and pred) and _equivalent(pred, gold, symbolic)
     except (Exception, RecursionError):
         return False
+
 def verify_many(responses, golds, mode="default", timeout=1.0):
     """verify() over pairs: a plain loop, as most pairs take tens of microseconds, without sympy."""
     return [verify(r, g, mode=mode, timeout=timeout) for r, g in zip(responses, golds)]

@@ -6,7 +6,7 @@
 It prints the bytes of the distinct storages behind the gradients of a 256 MiB fp32 model (what a
 GPU allocator would hold), on a one-rank gloo group. With DDP, a mini-batch that starts from grads
 set to None backpropagates under no_sync into new tensors beside DDP's buckets: two copies of the
-gradients. For Qwen2.5-Math-7B that is an extra 28 GiB per GPU (README: memory budget).
+gradients. For Qwen2.5-Math-7B that is an extra 28 GiB per GPU (docs/gpu.md: Memory budget).
 """
 import sys
 

@@ -5,7 +5,7 @@ rlep.py's exact one.
     # --max_token_len 4096 --trials 200
     .venv/bin/python tests/bench_loss_weights.py
 
-README deviation 2. The authors' verl fork (Kwai-Klear/RLEP, recipe/rlep: token-mean,
+docs/paper.md, deviation 2. The authors' verl fork (Kwai-Klear/RLEP, recipe/rlep: token-mean,
 use_dynamic_bsz, 64 GPUs, 64 prompts x 16 answers per mini-batch, ppo_max_token_len_per_gpu 4096)
 packs each rank's 16 sequences into ceil(prompt + response tokens / 4096) micro-batches balanced by
 tokens, the count all-reduced with MAX over the ranks (seqlen_balancing.py:251-258; ~1% of

@@ -1,12 +1,14 @@
 """Benchmark verify.py on the labelled peer cases and on hostile inputs.
 
-    python tests/bench_verify.py [--cases PATH] [--misses]
+    python tests/bench_verify.py [--cases PATH] [--misses] [--slowest N] [--verdicts OUT.json]
 
-Prints accuracy on the unambiguous cases (overall and per source), latency (median, p99, max) on
-the same cases and on hostile inputs (tests/test_verify.py asserts their verdicts, not their
-times), a call from a thread and one with a 5 ms deadline, and, when math-verify is installed,
-its accuracy and latency on the same cases for comparison. The default case file is
-../shared/data/ beside the repository.
+Prints accuracy on the unambiguous cases (overall and per source), latency (median, p99, max) over
+every labelled case (ambiguous ones included) with the slowest of them, latency on hostile inputs
+(tests/test_verify.py asserts their verdicts, not their times), a call from a thread and one with
+a 5 ms deadline, and, when math-verify is installed, its accuracy and latency on the same cases
+for comparison. --verdicts writes every case's verdict, to check that a change to verify.py
+changes none. The cases, with their sources and licenses, are tests/data/verifier_peer_cases.jsonl
+(see tests/data/README.md).
 """
 import argparse
 import json
@@ -50,8 +52,15 @@ def hostile_inputs():
 
 def load_cases(path):
     with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return [r for r in rows if not r.get("ambiguous")]
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def source_name(case):
+    """The repository a case comes from; issue reports ('issue:owner/repo#N') by repository."""
+    source = case["source"]
+    if source.startswith("issue:"):
+        return source[len("issue:"):].split("#")[0] + " (issue reports)"
+    return source.split(":")[0].split("#")[0]
 
 
 def time_calls(check, cases):
@@ -87,20 +96,34 @@ def math_verify_check():
 
 def main():
     parser = argparse.ArgumentParser()
-    default_cases = os.path.join(repo_root, "..", "shared", "data", "verifier_peer_cases.jsonl")
+    default_cases = os.path.join(repo_root, "tests", "data", "verifier_peer_cases.jsonl")
     parser.add_argument("--cases", default=default_cases)
     parser.add_argument("--misses", action="store_true",
                         help="print the cases decided against the label")
+    parser.add_argument("--slowest", type=int, default=5, help="print the N slowest cases")
+    parser.add_argument("--verdicts", help="write {case id: verdict} of every case to this file")
     args = parser.parse_args()
-    cases = load_cases(args.cases)
+    every_case = load_cases(args.cases)
 
     # start the sympy worker outside the timing, and let its spare finish warming up
     verify.verify(r"\boxed{x+1}", "1+x")
     select.select([verify._workers[1].stdout], [], [], 60)
-    verdicts, seconds = time_calls(verify.verify, cases)
+    every_verdict, every_second = time_calls(verify.verify, every_case)
+    if args.verdicts:
+        with open(args.verdicts, "w") as f:
+            json.dump({c["id"]: v for c, v in zip(every_case, every_verdict)}, f, indent=0)
+    print(f"verify.py    latency over all {len(every_case)} cases: {summary(every_second)}")
+    slowest = sorted(zip(every_second, every_case), key=lambda pair: -pair[0])[:args.slowest]
+    for second, case in slowest:
+        print(f"    slow {case['id']} {second * 1e3:6.1f} ms  gold={case['gold'][-40:]!r} "
+              f"pred={case['pred'][-60:]!r}")
+    unambiguous = [i for i, case in enumerate(every_case) if not case.get("ambiguous")]
+    cases = [every_case[i] for i in unambiguous]
+    verdicts = [every_verdict[i] for i in unambiguous]
+    seconds = [every_second[i] for i in unambiguous]
     by_source = defaultdict(lambda: [0, 0])
     for case, verdict in zip(cases, verdicts):
-        source = case["source"].split(":")[0].split("#")[0]
+        source = source_name(case)
         by_source[source][0] += verdict == case["expected"]
         by_source[source][1] += 1
         if args.misses and verdict != case["expected"]:
@@ -110,7 +133,7 @@ def main():
     percent = 100 * correct / len(cases)
     print(f"verify.py    accuracy {correct}/{len(cases)} = {percent:.1f} %   {summary(seconds)}")
     for source, (right, total) in sorted(by_source.items(), key=lambda kv: -kv[1][1]):
-        print(f"    {source:40s} {right:3d}/{total:3d} = {100 * right / total:5.1f} %")
+        print(f"    {source:48s} {right:3d}/{total:3d} = {100 * right / total:5.1f} %")
 
     hostile = hostile_inputs()
     hostile_seconds = []

@@ -2,7 +2,7 @@
 import os
 import sys
 
-# 2 shared cores: more threads only spin (VLLM_CPU.md)
+# 2 shared cores: more threads only spin (docs/cpu.md: vLLM on a CPU)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -1,4 +1,4 @@
-"""The statistics a replay setting is chosen by (README: "A setting where replay can act"):
+"""The statistics a replay setting is chosen by (docs/studies.md: "Where replay can act"):
 how often the base model solves each training problem, by kind, and, for a finished run, how
 much of the training set its pool covers and how often phase two's fresh samples all fail on a
 pooled prompt while a replay is right (a rescue).

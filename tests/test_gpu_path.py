@@ -13,7 +13,7 @@ import rlep
 
 
 class SleepingLLM:
-    """vLLM 0.33's sleep/wake on a GPU, around a real CPU engine (VLLM_033_GPU.md)."""
+    """vLLM 0.33's sleep/wake on a GPU, around a real CPU engine (docs/gpu.md: vLLM 0.33)."""
 
     def __init__(self, llm):
         self.llm = llm

@@ -12,8 +12,9 @@ def test_group_advantages_worked_example():
     assert torch.allclose(adv, torch.tensor([1.5, -0.5, -0.5, -0.5]), atol=1e-5)
 
 
-def test_group_advantages_rlep_example_from_the_spec():
-    # 16 wrong fresh rollouts + 2 correct replays (RLEP_SPEC.md 2.3): replays +2.75, fresh -0.34
+def test_group_advantages_rlep_example():
+    # 16 wrong fresh rollouts + 2 correct replays (docs/paper.md: the advantage): mean -7/9,
+    # unbiased std 0.647, so replays (1 + 7/9) / 0.647 = +2.75 and fresh (-1 + 7/9) / 0.647 = -0.34
     rewards = torch.tensor([-1.0] * 16 + [1.0] * 2)
     adv = group_advantages(rewards, 18)
     assert adv[16:].tolist() == pytest.approx([2.7487] * 2, abs=1e-3)
