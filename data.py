@@ -636,7 +636,7 @@ def step_record(ranks: list[dict]) -> dict:
 
 def log_step(part: str, step: int, steps: int, record: dict):
     keys = ("reward_mean", "acc_fresh", "response_len", "replay_frac", "rescued", "clip_frac",
-            "grad_norm", "logprob_gap_max", "val_acc", "t_generation", "t_training")
+            "ratio_max", "grad_norm", "logprob_gap_max", "val_acc", "t_generation", "t_training")
     shown = [f"{k} {record[k]:.3g}" for k in keys if k in record]
     print(f"{part} step {step}/{steps} | " + " | ".join(shown), flush=True)
 
