@@ -465,9 +465,10 @@ def save_plan(cfg, part: str) -> list[int]:
     return sorted(step for step in plan if 1 <= step <= steps)
 
 def check_save_plan(cfg):
-    """A collect_step phase one never reaches would stop the run after all of phase one;
-    with --pool no collection runs."""
-    if cfg.phase != "2" and not cfg.pool and not 1 <= cfg.collect_step <= cfg.phase1_steps:
+    """A collect_step phase one never reaches would stop the run after all of phase one.
+    Only a command that collects needs it: not --phase 1 or 2, nor a run given --pool."""
+    collects = cfg.phase in ("all", "collect") and not cfg.pool
+    if collects and not 1 <= cfg.collect_step <= cfg.phase1_steps:
         raise ValueError(f"--collect_step {cfg.collect_step}: the collection needs a phase-one "
                          f"checkpoint, a step from 1 to --phase1_steps {cfg.phase1_steps}")
 

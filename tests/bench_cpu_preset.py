@@ -19,7 +19,7 @@ only: bf16 is emulated, and rlep.py measures float32 as the faster).
 Model FLOPs of a training step: 6 x (decoder matmul weights x trained_tokens + LM head weights x
 trained_response_tokens), forward and backward of the update passes (metrics.jsonl counts the rows'
 real tokens; a shared prompt counts once); attention's own FLOPs and the π_θold passes of later
-mini-batches are not counted (the cpu preset's second mini-batch has one, a forward of half the step).
+mini-batches are not counted (the cpu preset's second mini-batch has one: half the step's forward).
 """
 import argparse
 import json

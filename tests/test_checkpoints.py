@@ -150,8 +150,11 @@ def test_a_collection_step_phase_one_never_reaches_is_refused(collect_step):
     assert cfg.phase1_steps == 4
     with pytest.raises(ValueError, match="--collect_step"):
         data.check_save_plan(cfg)
-    # no collection: phase two alone, or a run given its pool
-    for flags in (["--phase", "2"], ["--pool", "pool.jsonl"]):
+    with pytest.raises(ValueError, match="--collect_step"):
+        data.check_save_plan(rlep.parse_config(["--preset", "tiny", "--phase", "collect",
+                                                "--collect_step", str(collect_step)]))
+    # no collection: phase one or two alone, or a run given its pool
+    for flags in (["--phase", "1"], ["--phase", "2"], ["--pool", "pool.jsonl"]):
         data.check_save_plan(rlep.parse_config(["--preset", "tiny", "--collect_step",
                                                 str(collect_step), *flags]))
     # a step phase one never reaches is not budgeted as a save
