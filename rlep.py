@@ -518,7 +518,7 @@ class Sample:
     replay: bool = False
     advantage: float = 0.0
     vllm_logprobs: list = None  # vLLM's log-prob of each sampled token (fresh samples)
-    old_logprobs: torch.Tensor = None  # (T_i,) log π_θold, set by the update
+    old_logprobs: torch.Tensor = None  # (T_i,) log π_θold, kept by the update
     row_id: str = ""  # the data row the prompt came from
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
@@ -707,6 +707,10 @@ def collate(samples: list[Sample], pad_id: int, device, share_prompts: bool = Fa
         "replays": torch.tensor([s.replay for s in samples]),  # (B,)
     }
     batch = {k: v.to(device) for k, v in batch.items()}
+    if all(s.old_logprobs is not None for s in samples):
+        # π_θold, carried by the samples as their advantages are (epochs after the first)
+        batch["old_logprobs"] = torch.nn.utils.rnn.pad_sequence(
+            [s.old_logprobs for s in samples], batch_first=True)  # (B, T), 0 after the end
     batch["samples"] = samples
     # the rows' real tokens: what the forward costs
     batch["row_tokens"] = sum(map(len, tokens))
@@ -785,29 +789,20 @@ def build_mini_batch(positions, mine: dict, sizes: dict, cfg: Config, d: Dist,
     # an idle micro-batch: a one-token sample with Â = 0, an exactly zero gradient.
     busiest = max(map(len, plans))
     if busiest > len(micro):
-        idle = Sample([pad_id], [pad_id], False, 0.0)
+        # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
+        idle = Sample([pad_id], [pad_id], False, 0.0, old_logprobs=torch.zeros(1, device=d.device))
         idle_batch = collate([idle], pad_id, d.device, cfg.share_prompts)
         idle_batch["idle"] = True
         micro += [idle_batch] * (busiest - len(micro))
     num_tokens = sum(sizes[p].response_tokens for p in positions)
     return MiniBatch(micro, num_tokens)
 
-def old_logprobs(batch: dict, logprobs: torch.Tensor) -> torch.Tensor:
-    """(B, T) log π_θold, the policy at the step's start, and the one place it is set: in the
-    first epoch `logprobs` the first time a micro-batch asks (before any update); later
-    epochs put together what each sample kept."""
-    if "old_logprobs" in batch:
-        return batch["old_logprobs"]
-    samples = batch["samples"]
-    if all(s.old_logprobs is not None for s in samples):
-        kept = torch.cat([s.old_logprobs for s in samples])  # (N,)
-        batch["old_logprobs"] = torch.zeros_like(logprobs)  # (B, T)
-        batch["old_logprobs"].view(-1)[batch["completion_index"]] = kept
-        return batch["old_logprobs"]
-    batch["old_logprobs"] = logprobs.detach()
-    for sample, row in zip(samples, batch["old_logprobs"]):
+def keep_old_logprobs(micro: dict, old_logprobs: torch.Tensor):
+    """A micro-batch's (B, T) log π_θold, the policy at the step's start: the loss reads the
+    micro-batch's; later epochs (collate) and the step's metrics each sample's row."""
+    micro["old_logprobs"] = old_logprobs
+    for sample, row in zip(micro["samples"], old_logprobs):
         sample.old_logprobs = row[:len(sample.completion_ids)]
-    return batch["old_logprobs"]
 
 def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_update: int,
                cfg: Config, d: Dist, pad_id: int, seed: int) -> dict:
@@ -830,36 +825,39 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
         mini_batches = [build_mini_batch(positions, mine, sizes, cfg, d, pad_id)
                         for positions in runs]
         if epoch == 0:
-            # π_θold for every sequence, replays included, before any update. The first
-            # mini-batch is skipped: the policy has not moved when its update runs, so its
-            # own forward gives π_θold (a pass saved: all of it when a step is one update).
+            # π_θold of every sequence, replays included, in one no-grad pass before any
+            # update, for every mini-batch but the first (below)
             with torch.no_grad(), autocast:
                 for mini_batch in mini_batches[1:]:
-                    for batch in mini_batch.micro_batches:
-                        old_logprobs(batch, policy(batch))
-        for mini_batch in mini_batches:
-            for batch in mini_batch.micro_batches:
+                    for micro in mini_batch.micro_batches:
+                        keep_old_logprobs(micro, policy(micro))
+        for k, mini_batch in enumerate(mini_batches):
+            for micro in mini_batch.micro_batches:
                 with autocast:
-                    logprobs = policy(batch)  # (B, T)
-                    loss, metrics = policy_loss(logprobs, old_logprobs(batch, logprobs),
-                                                batch["advantages"], batch["completion_mask"],
+                    logprobs = policy(micro)  # (B, T)
+                    if epoch == 0 and k == 0:
+                        # the policy has not moved yet: its own forward is π_θold (a pass
+                        # saved: the whole pass when a step is one update)
+                        keep_old_logprobs(micro, logprobs.detach())
+                    loss, metrics = policy_loss(logprobs, micro["old_logprobs"],
+                                                micro["advantages"], micro["completion_mask"],
                                                 cfg.clip_low, cfg.clip_high, cfg.clip_c,
                                                 num_tokens=mini_batch.num_tokens)
                     if cfg.replay_loss == "nll":
                         # RLEP: the control that imitates replays (their Â is 0)
-                        replay_mask = batch["completion_mask"] * batch["replays"][:, None]
+                        replay_mask = micro["completion_mask"] * micro["replays"][:, None]
                         loss = loss + cfg.replay_coef * imitation_loss(
                             logprobs, replay_mask, mini_batch.num_tokens)  # RLEP
                 # A rank's loss is its tokens' share of the token mean (their sum over N,
                 # the tokens on all ranks); the shares add up to the mean. FSDP2 averages
                 # gradients over the W ranks, so W times the loss makes that the sum.
                 (loss * d.world_size).backward()
-                if not batch.get("idle"):
+                if not micro.get("idle"):
                     for key, value in metrics.items():
                         stats[key].append(value)
                     # tokens through the decoder and the LM head (the step's FLOPs)
-                    stats["trained_tokens"].append(batch["row_tokens"])
-                    stats["trained_response_tokens"].append(len(batch["targets"]))
+                    stats["trained_tokens"].append(micro["row_tokens"])
+                    stats["trained_response_tokens"].append(len(micro["targets"]))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
