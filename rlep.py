@@ -53,13 +53,14 @@ import contextlib
 import datetime
 import gc
 import hashlib
+import inspect
 import json
 import logging
 import math
 import re
 import time
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -95,8 +96,7 @@ class Config:
     # --- data and model
     model_path: str = "Qwen/Qwen2.5-Math-7B"  # π_θ0, where both phases start (a folder)
     train_file: str = "dapo-math-17k.parquet"  # D, DAPO-Math-17k
-    # AIME-24, AIME-25, AMC-23: avg@val_k per data source
-    val_file: str = "dapo_format_aime2024_aime2025_amc2023.parquet"
+    val_file: str = "dapo_format_aime2024_aime2025_amc2023.parquet"  # avg@val_k per source
     prompt_template: str = dapo_template  # for plain {"problem", "answer"} rows
     out_dir: str = "runs/paper"  # config, a folder per part, checkpoints, metrics
 
@@ -104,7 +104,7 @@ class Config:
     prompts_per_step: int = 512  # B, prompts per training step
     n: int = 16  # G, fresh rollouts per prompt
     temperature: float = 1.0  # T; the trainer's log-probs use logits / T
-    top_p: float = 1.0
+    top_p: float = 1.0  # the rollouts' nucleus
     max_prompt_len: int = 1024  # longer prompts are cut from the left
     max_response_len: int = 3072  # L_max, response tokens, the final EOS included
     stop_token: str = ""  # "": responses end at EOS, as the authors'; else here too
@@ -122,13 +122,12 @@ class Config:
     clip_high: float = 0.28  # ε_high, DAPO's clip-higher
     clip_c: float = 10.0  # c, the dual-clip bound
     micro_batch_size: int = 8  # sequences per forward (memory, not math)
-    # padded tokens per forward, longest rows first (memory); 0: micro_batch_size rows
-    micro_batch_tokens: int = 16384
+    micro_batch_tokens: int = 16384  # padded tokens a forward, longest first; 0: by the size
     share_prompts: bool = False  # a prompt once per row, then its responses
 
     # --- phase one: the baseline, then the experience collection
-    phase1_steps: int = 400
-    phase1_prompts: str = "all"  # or "pool": the baseline on the pool's prompts
+    phase1_steps: int = 400  # training steps of phase one
+    phase1_prompts: str = "all"  # {all, pool}: "pool": the baseline on the pool's prompts
     collect_step: int = 400  # RLEP: the phase-one checkpoint that builds the pool
     collect_k: int = 64  # RLEP: K, samples per prompt in the collection
     collect_temperature: float = 0.7  # RLEP: the collection's T
@@ -139,21 +138,18 @@ class Config:
     phase2_steps: int = 400  # RLEP: training steps of phase two
     replay_m: int = 2  # RLEP: m, replayed successes per group of n
     equal_updates: bool = False  # RLEP: mini-batches count n + m (a control)
-    # RLEP: the pool's prompts (the paper), or "all": every prompt, replays where pooled
-    phase2_prompts: str = "pool"
-    # RLEP: "group": replays share the group's advantage (the paper); "nll": imitated
-    replay_loss: str = "group"
+    phase2_prompts: str = "pool"  # {pool, all}: RLEP: the pool's prompts; "all": every prompt
+    replay_loss: str = "group"  # {group, nll}: RLEP: replays share the group's Â; nll: imitated
     replay_coef: float = 1.0  # RLEP: "nll" weighs a replay token as one with Â = 1
-    # RLEP: phase two from this pool (pool.jsonl, or a DAPO parquet with candidates)
-    pool: str = ""
+    pool: str = ""  # RLEP: phase two from this pool (pool.jsonl, or a DAPO parquet with candidates)
 
     # --- evaluation
     val_every: int = 5  # validate every N steps (and at 0); 0: never
     val_k: int = 32  # samples per validation problem (avg@k)
-    verify_mode: str = "dapo"  # "dapo": the paper's rule; "default": equivalence
+    verify_mode: str = "dapo"  # {dapo, default}: the paper's rule, or equivalence
 
     # --- system
-    phase: str = "all"  # all | 1 | collect | 2
+    phase: str = "all"  # {all, 1, collect, 2}: the parts to run
     resume: bool = False  # continue the run in out_dir
     seed: int = 1  # every random draw derives from it: see seed_for
     dtype: str = "auto"  # autocast and vLLM; auto: bf16 on GPU, on CPU measured
@@ -165,7 +161,7 @@ class Config:
     log_samples: int = 2  # completions per step in samples.jsonl
     progress: bool = True  # tqdm bars on rank 0 for long generation
     cache_dir: str = ".cache/rlep"  # where built-in models are made
-    preset: str = "cpu"  # paper | tiny | cpu, applied before the other flags
+    preset: str = "cpu"  # {paper, tiny, cpu, cpu-hard}: applied before the other flags
 
 presets = {
     "paper": {},
@@ -193,21 +189,27 @@ presets["cpu-hard"] = dict(
     presets["cpu"], train_file="builtin:arith-mix:train", val_file="builtin:arith-mix:val",
     out_dir="runs/cpu-hard", collect_k=64)
 
+def config_flags():
+    """(name, argparse settings) of each Config field, from its line, the one source: the
+    help is the field's comment, a leading "{a, b}: " the values it takes."""
+    source = inspect.getsource(Config)
+    for name, comment in re.findall(r"^ +(\w+): \w+ = .*?  # (.*)$", source, re.M):
+        kind = Config.__annotations__[name]
+        flag = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        values, text = re.fullmatch(r"(?:\{([^}]*)\}: )?(.*)", comment).groups()
+        flag["help"] = text.replace("%", "%%")  # argparse formats help with %
+        if values:
+            flag["choices"] = values.split(", ")
+        yield name, flag
+
 def parse_config(argv=None) -> Config:
-    """Config defaults <- preset <- command line. Every field is a `--flag`; booleans also
-    take `--no-flag`."""
-    parser = argparse.ArgumentParser(description="RLEP: GRPO with experience replay")
-    choices = {"preset": sorted(presets), "phase": ["all", "1", "collect", "2"],
-               "verify_mode": ["dapo", "default"], "phase2_prompts": ["pool", "all"],
-               "replay_loss": ["group", "nll"]}
-    for field in fields(Config):
-        kind = dict(type=field.type)
-        if field.type is bool:
-            kind = dict(action=argparse.BooleanOptionalAction)
-        parser.add_argument(f"--{field.name}", default=None,
-                            choices=choices.get(field.name), **kind)
-    given = vars(parser.parse_args(argv))
-    args = {k: v for k, v in given.items() if v is not None}
+    """Config defaults <- preset <- command line; booleans also take `--no-flag`."""
+    parser = argparse.ArgumentParser(
+        description="RLEP: GRPO with experience replay. A flag's default is the paper's, "
+        "unless --preset (cpu when not given) sets it.", argument_default=argparse.SUPPRESS)
+    for name, flag in config_flags():
+        parser.add_argument(f"--{name}", **flag)
+    args = vars(parser.parse_args(argv))
     preset = presets[args.get("preset", Config.preset)]
     cfg = Config(**{**preset, **args})
     if cfg.share_prompts and cfg.micro_batch_tokens:
