@@ -6,8 +6,7 @@ training prompt from one of its checkpoints and keeps the verified correct ones:
 experience pool. Phase two restarts from the base model; every prompt's group holds n fresh
 rollouts plus m replayed successes from the pool, and the advantage is standardised over
 all n + m of them. Replays give a learning signal on prompts the current policy cannot
-solve yet. Every line that differs from plain DAPO is tagged `# RLEP:` (try
-`grep -n RLEP rlep.py`).
+solve yet. Every line that differs from plain DAPO is tagged `# RLEP:` (grep -n RLEP rlep.py).
 
 Run:
     python rlep.py                  # preset cpu: SmolLM2-135M on arithmetic, CPU only
@@ -17,6 +16,10 @@ Run:
         --val_file dapo_format_aime2024_aime2025_amc2023.parquet
 Every Config field is a flag (`--lr 2e-6`); `--phase 2 --pool FILE` runs one part;
 `--resume` continues a run; README.md has the 64-GPU command.
+
+Symbols: B prompts a step, each a group of n fresh rollouts + m replays, G = n + m; T the
+temperature; N a mini-batch's response tokens on all ranks; W ranks; shapes: S samples, L a
+length, R a micro-batch's rows.
 
 Deviations from the paper (and its verl code):
 1. torchrun and FSDP2 (weights, gradients, AdamW state sharded) with one in-process vLLM
@@ -102,7 +105,7 @@ class Config:
 
     # --- rollouts
     prompts_per_step: int = 512  # B, prompts per training step
-    n: int = 16  # G, fresh rollouts per prompt
+    n: int = 16  # n, fresh rollouts per prompt
     temperature: float = 1.0  # T; the trainer's log-probs use logits / T
     top_p: float = 1.0  # the rollouts' nucleus
     max_prompt_len: int = 1024  # longer prompts are cut from the left
@@ -144,7 +147,7 @@ class Config:
     pool: str = ""  # RLEP: phase two from this pool (pool.jsonl, or a DAPO parquet with candidates)
 
     # --- evaluation
-    val_every: int = 5  # validate every N steps (and at 0); 0: never
+    val_every: int = 5  # validate every this many steps (and at 0); 0: never
     val_k: int = 32  # samples per validation problem (avg@k)
     verify_mode: str = "dapo"  # {dapo, default}: the paper's rule, or equivalence
 
@@ -156,8 +159,8 @@ class Config:
     gradient_checkpointing: bool = True  # memory for compute
     gpu_memory_utilization: float = 0.55  # vLLM's share (docs/gpu.md: Memory budget)
     timeout_minutes: int = 180  # a collective waits this long for a slow rank
-    save_every: int = 20  # checkpoint every N steps, at a part's end and at collect_step
-    keep_checkpoints: int = 2  # the newest N of a part (+ collect_step's); 0: all
+    save_every: int = 20  # checkpoint every this many steps, at a part's end and at collect_step
+    keep_checkpoints: int = 2  # this many newest of a part (+ collect_step's); 0: all
     log_samples: int = 2  # completions per step in samples.jsonl
     progress: bool = True  # tqdm bars on rank 0 for long generation
     cache_dir: str = ".cache/rlep"  # where built-in models are made
@@ -520,7 +523,7 @@ class Sample:
     replay: bool = False
     advantage: float = 0.0
     vllm_logprobs: list = None  # vLLM's log-prob of each sampled token (fresh samples)
-    old_logprobs: torch.Tensor = None  # (T_i,) log π_θold, kept by the update
+    old_logprobs: torch.Tensor = None  # (L_i,) log π_θold, kept by the update
     row_id: str = ""  # the data row the prompt came from
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
@@ -536,12 +539,12 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     rewards, with the unbiased std (torch.std, as verl). R = [1, -1, -1, -1] gives
     [1.5, -0.5, -0.5, -0.5]; an all-equal group gives zeros (no signal). RLEP: 16 wrong
     fresh + 2 right replays give -0.34 and +2.75."""
-    groups = rewards.view(-1, group_size)  # (num_groups, G)
-    mean = groups.mean(dim=1, keepdim=True)  # (num_groups, 1)
-    std = torch.zeros_like(mean)  # (num_groups, 1)
+    groups = rewards.view(-1, group_size)  # (groups, G)
+    mean = groups.mean(dim=1, keepdim=True)  # (groups, 1)
+    std = torch.zeros_like(mean)  # (groups, 1)
     if group_size > 1:
         std = groups.std(dim=1, keepdim=True)
-    return ((groups - mean) / (std + eps)).view(-1)  # (num_groups * G,)
+    return ((groups - mean) / (std + eps)).view(-1)  # (groups * G,)
 
 def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list[str]:
     """RLEP: m pooled successes, uniformly without replacement, drawn anew each time the
@@ -571,7 +574,7 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[Completion],
         sample = Sample(prompt_ids, ids, correct, reward, replay,
                         vllm_logprobs=logprobs, row_id=row["id"])
         group.append(sample)
-    # RLEP: over G' = n + m; "nll" (a control): the n fresh alone, replays imitated
+    # RLEP: over all G = n + m; "nll" (a control): the n fresh alone, replays imitated
     scored = group if cfg.replay_loss == "group" else group[:len(completions)]  # RLEP
     rewards = torch.tensor([s.reward for s in scored])  # (n + m,)
     advantages = group_advantages(rewards, len(scored))  # (n + m,)
@@ -586,24 +589,23 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
                 clip_c=10.0, num_tokens=None):
     """L(θ) = -1/N Σ_i Σ_t m_it · min(r_it Â_i, clip(r_it, 1 - ε_low, 1 + ε_high) Â_i),
     r_it = π_θ(o_it) / π_θold(o_it), with the dual clip: where Â_i < 0 the per-token loss
-    is capped at -c·Â_i (huge ratios cannot blow it up). N, the token-count normalizer, is
-    all response tokens of the mini-batch on all ranks (DAPO's token mean): an argument,
-    because a micro-batch sees only part of it; default: mask.sum().
-    logprobs, old_logprobs, mask: (B, T); advantages: (B,).
+    is capped at -c·Â_i (huge ratios cannot blow it up). N is an argument (a micro-batch
+    sees only part of the mini-batch); default: mask.sum().
+    logprobs, old_logprobs, mask: (S, L); advantages: (S,).
     Returns (loss, metrics); the metrics are 0-d tensors (no host sync)."""
-    mask = mask.to(logprobs.dtype)  # (B, T) m_it, 1 on response tokens (EOS included)
+    mask = mask.to(logprobs.dtype)  # (S, L) m_it, 1 on response tokens (EOS included)
     if num_tokens is None:
         num_tokens = mask.sum()  # N
-    adv = advantages.unsqueeze(1)  # (B, 1) Â_i, shared by the tokens of response i
+    adv = advantages.unsqueeze(1)  # (S, 1) Â_i, shared by the tokens of response i
     # clamped as verl does, so that exp stays finite
-    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # (B, T) log r_it
-    ratio = torch.exp(log_ratio)  # (B, T) r_it
-    loss_unclipped = -adv * ratio  # (B, T) -r Â
-    clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)  # (B, T) clip(r)
-    loss_clipped = -adv * clipped_ratio  # (B, T) -clip(r) Â
-    pessimistic = torch.maximum(loss_unclipped, loss_clipped)  # (B, T) PPO's bound
-    dual_clipped = torch.minimum(pessimistic, -adv * clip_c)  # (B, T) capped at -c Â
-    per_token_loss = torch.where(adv < 0, dual_clipped, pessimistic)  # (B, T)
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # (S, L) log r_it
+    ratio = torch.exp(log_ratio)  # (S, L) r_it
+    loss_unclipped = -adv * ratio  # (S, L) -r Â
+    clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)  # (S, L) clip(r)
+    loss_clipped = -adv * clipped_ratio  # (S, L) -clip(r) Â
+    pessimistic = torch.maximum(loss_unclipped, loss_clipped)  # (S, L) PPO's bound
+    dual_clipped = torch.minimum(pessimistic, -adv * clip_c)  # (S, L) capped at -c Â
+    per_token_loss = torch.where(adv < 0, dual_clipped, pessimistic)  # (S, L)
     loss = (per_token_loss * mask).sum() / num_tokens  # scalar: the token mean
     with torch.no_grad():
         def token_mean(values):  # over this micro-batch's response tokens
@@ -616,8 +618,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
 
 def imitation_loss(logprobs, replay_mask, num_tokens):
     """RLEP's "nll" control (RAFT-style): L = -1/N Σ_i Σ_t m_it log π_θ(o_it), m on replay
-    tokens; N as in policy_loss, so a replay token weighs what a token with Â = 1 does.
-    logprobs, replay_mask: (B, T)."""
+    tokens: a replay token weighs what one with Â = 1 does. logprobs, replay_mask: (S, L)."""
     return -(logprobs * replay_mask).sum() / num_tokens  # scalar
 
 class TokenLogProbs(torch.nn.Module):
@@ -630,27 +631,27 @@ class TokenLogProbs(torch.nn.Module):
         self.temperature = temperature
         self.chunk_tokens = chunk_tokens
 
-    def _chunk_logps(self, hidden, targets):  # (N, H), (N,) -> (N,)
-        # h W / T as (h / T) W: a division of (N, H), not of (N, V)
-        logits = self.model.lm_head(hidden / self.temperature)  # (N, V)
+    def _chunk_logps(self, hidden, targets):  # (tokens, H), (tokens,) -> (tokens,)
+        # h W / T as (h / T) W: a division of (tokens, H), not of (tokens, V)
+        logits = self.model.lm_head(hidden / self.temperature)  # (tokens, V)
         # log softmax and gather in one fused op
         return -F.cross_entropy(logits.float(), targets, reduction="none")
 
     def forward(self, batch: dict) -> torch.Tensor:
-        """(B, T) log-probs, 0 after each response's end."""
+        """(S, L) log-probs, 0 after each response's end."""
         hidden = self.model.model(input_ids=batch["input_ids"],
                                   attention_mask=batch["attention_mask"],
                                   position_ids=batch["position_ids"]).last_hidden_state
-        # the state before each response token: (R, L, H) -> (N, H)
+        # the state before each response token: (R, L, H) -> (tokens, H)
         hidden = hidden.flatten(0, 1)[batch["sources"]]
-        targets = batch["targets"]  # (N,)
+        targets = batch["targets"]  # (tokens,)
         logps = []
         for i in range(0, targets.numel(), self.chunk_tokens):
             chunk = slice(i, i + self.chunk_tokens)
             # recomputed in backward: one chunk of logits alive at a time
             logps.append(torch.utils.checkpoint.checkpoint(
                 self._chunk_logps, hidden[chunk], targets[chunk], use_reentrant=False))
-        out = hidden.new_zeros(batch["completion_mask"].shape, dtype=torch.float32)  # (B, T)
+        out = hidden.new_zeros(batch["completion_mask"].shape, dtype=torch.float32)  # (S, L)
         # integer positions: a boolean mask would sync with the host
         out.view(-1)[batch["completion_index"]] = torch.cat(logps)
         return out
@@ -694,25 +695,25 @@ def collate(samples: list[Sample], pad_id: int, device, share_prompts: bool = Fa
     attention = ((key == 0) | (key == query)).tril().unsqueeze(1)
     if not share_prompts:
         attention = (segments >= 0).long()  # (R, L)
-    lengths = torch.tensor([len(s.completion_ids) for s in samples])  # (B,)
-    completion_mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)  # (B, T)
+    lengths = torch.tensor([len(s.completion_ids) for s in samples])  # (S,)
+    completion_mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)  # (S, L)
     batch = {
         "input_ids": pad(tokens, pad_id),  # (R, L)
         "position_ids": pad(positions, 0),  # (R, L)
         "attention_mask": attention,
-        "sources": torch.tensor([r * length + t for s in sources for r, t in s]),  # (N,)
-        "targets": torch.tensor([t for s in samples for t in s.completion_ids]),  # (N,)
-        "completion_mask": completion_mask.long(),  # (B, T)
-        # (N,) positions in (B * T), in the order of targets
+        "sources": torch.tensor([r * length + t for s in sources for r, t in s]),  # (tokens,)
+        "targets": torch.tensor([t for s in samples for t in s.completion_ids]),  # (tokens,)
+        "completion_mask": completion_mask.long(),  # (S, L)
+        # (tokens,) positions in (S * L), in the order of targets
         "completion_index": completion_mask.flatten().nonzero().squeeze(1),
-        "advantages": torch.tensor([s.advantage for s in samples]).float(),  # (B,)
-        "replays": torch.tensor([s.replay for s in samples]),  # (B,)
+        "advantages": torch.tensor([s.advantage for s in samples]).float(),  # (S,)
+        "replays": torch.tensor([s.replay for s in samples]),  # (S,)
     }
     batch = {k: v.to(device) for k, v in batch.items()}
     if all(s.old_logprobs is not None for s in samples):
         # π_θold, carried by the samples as their advantages are (epochs after the first)
         batch["old_logprobs"] = torch.nn.utils.rnn.pad_sequence(
-            [s.old_logprobs for s in samples], batch_first=True)  # (B, T), 0 after the end
+            [s.old_logprobs for s in samples], batch_first=True)  # (S, L), 0 after the end
     batch["samples"] = samples
     # the rows' real tokens: what the forward costs
     batch["row_tokens"] = sum(map(len, tokens))
@@ -729,7 +730,7 @@ class GroupSize(NamedTuple):
 @dataclass
 class MiniBatch:
     micro_batches: list[dict]  # this rank's, the lockstep padding included
-    num_tokens: int  # N: the response tokens of the mini-batch on all ranks
+    num_tokens: int  # N, the token mean's divisor
 
 def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
                       seed: int) -> list[np.ndarray]:
@@ -800,7 +801,7 @@ def build_mini_batch(positions, mine: dict, sizes: dict, cfg: Config, d: Dist,
     return MiniBatch(micro, num_tokens)
 
 def keep_old_logprobs(micro: dict, old_logprobs: torch.Tensor):
-    """A micro-batch's (B, T) log π_θold, the policy at the step's start: the loss reads the
+    """A micro-batch's (S, L) log π_θold, the policy at the step's start: the loss reads the
     micro-batch's; later epochs (collate) and the step's metrics each sample's row."""
     micro["old_logprobs"] = old_logprobs
     for sample, row in zip(micro["samples"], old_logprobs):
@@ -836,7 +837,7 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
         for k, mini_batch in enumerate(mini_batches):
             for micro in mini_batch.micro_batches:
                 with autocast:
-                    logprobs = policy(micro)  # (B, T)
+                    logprobs = policy(micro)  # (S, L)
                     if epoch == 0 and k == 0:
                         # the policy has not moved yet: its own forward is π_θold (a pass
                         # saved: the whole pass when a step is one update)
@@ -850,9 +851,8 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
                         replay_mask = micro["completion_mask"] * micro["replays"][:, None]
                         loss = loss + cfg.replay_coef * imitation_loss(
                             logprobs, replay_mask, mini_batch.num_tokens)  # RLEP
-                # A rank's loss is its tokens' share of the token mean (their sum over N,
-                # the tokens on all ranks); the shares add up to the mean. FSDP2 averages
-                # gradients over the W ranks, so W times the loss makes that the sum.
+                # A rank's loss is its tokens' share of the token mean (their sum over N); FSDP2
+                # averages gradients over the W ranks, so W times the loss sums the shares.
                 (loss * d.world_size).backward()
                 if not micro.get("idle"):
                     for key, value in metrics.items():
