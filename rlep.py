@@ -6,7 +6,7 @@ training prompt from one of its checkpoints and keeps the verified correct ones:
 experience pool. Phase two restarts from the base model; every prompt's group holds n fresh
 rollouts plus m replayed successes from the pool, and the advantage is standardised over
 all n + m of them. Replays give a learning signal on prompts the current policy cannot
-solve yet. Every line that differs from plain DAPO is tagged `# RLEP:` (grep -n RLEP rlep.py).
+solve yet. `# RLEP:` tags each line where the paper's method differs from DAPO (grep RLEP).
 
 Run:
     python rlep.py                  # preset cpu: SmolLM2-135M on arithmetic, CPU only
@@ -36,8 +36,8 @@ Deviations from the paper (and its verl code):
    each one ~100 times.
 7. Mini-batches are runs of the step's shuffled prompts, whole groups, as many on every
    rank; verl's are ranges of a token-balanced order.
-Controls the paper lacks, off by default (docs/studies.md): `--phase1_prompts pool`,
-`--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`.
+Controls the paper lacks, tagged `# control:`, off by default (docs/studies.md):
+`--phase1_prompts pool`, `--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`.
 """
 import os
 
@@ -130,7 +130,7 @@ class Config:
 
     # --- phase one: the baseline, then the experience collection
     phase1_steps: int = 400  # training steps of phase one
-    phase1_prompts: str = "all"  # {all, pool}: "pool": the baseline on the pool's prompts
+    phase1_prompts: str = "all"  # {all, pool}: control "pool": the baseline on the pool's prompts
     collect_step: int = 400  # RLEP: the phase-one checkpoint that builds the pool
     collect_k: int = 64  # RLEP: K, samples per prompt in the collection
     collect_temperature: float = 0.7  # RLEP: the collection's T
@@ -140,10 +140,10 @@ class Config:
     # --- phase two: replay
     phase2_steps: int = 400  # RLEP: training steps of phase two
     replay_m: int = 2  # RLEP: m, replayed successes per group of n
-    equal_updates: bool = False  # RLEP: mini-batches count n + m (a control)
-    phase2_prompts: str = "pool"  # {pool, all}: RLEP: the pool's prompts; "all": every prompt
-    replay_loss: str = "group"  # {group, nll}: RLEP: replays share the group's Â; nll: imitated
-    replay_coef: float = 1.0  # RLEP: "nll" weighs a replay token as one with Â = 1
+    equal_updates: bool = False  # control: mini-batches count n + m
+    phase2_prompts: str = "pool"  # {pool, all}: RLEP: the pool's prompts; control: all
+    replay_loss: str = "group"  # {group, nll}: RLEP: replays get the group's Â; control: imitated
+    replay_coef: float = 1.0  # control: "nll" weighs a replay token as one with Â = 1
     pool: str = ""  # RLEP: phase two from this pool (pool.jsonl, or a DAPO parquet with candidates)
 
     # --- evaluation
@@ -187,7 +187,7 @@ presets = {
         val_every=3, val_k=4, verify_mode="default", gradient_checkpointing=False, save_every=6,
         log_samples=2, progress=False),
 }
-# RLEP: the cpu preset where replays can rescue (docs/studies.md), the paper's K = 64
+# cpu-hard: the cpu preset where replays can rescue (docs/studies.md), the paper's K = 64
 presets["cpu-hard"] = dict(
     presets["cpu"], train_file="builtin:arith-mix:train", val_file="builtin:arith-mix:val",
     out_dir="runs/cpu-hard", collect_k=64)
@@ -574,7 +574,7 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[Completion],
         sample = Sample(prompt_ids, ids, correct, reward, replay,
                         vllm_logprobs=logprobs, row_id=row["id"])
         group.append(sample)
-    # RLEP: over all G = n + m; "nll" (a control): the n fresh alone, replays imitated
+    # RLEP: over G = n + m; control "nll": the n fresh alone, replays imitated
     scored = group if cfg.replay_loss == "group" else group[:len(completions)]  # RLEP
     rewards = torch.tensor([s.reward for s in scored])  # (n + m,)
     advantages = group_advantages(rewards, len(scored))  # (n + m,)
@@ -617,7 +617,7 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
     return loss, metrics
 
 def imitation_loss(logprobs, replay_mask, num_tokens):
-    """RLEP's "nll" control (RAFT-style): L = -1/N Σ_i Σ_t m_it log π_θ(o_it), m on replay
+    """The "nll" control (RAFT-style): L = -1/N Σ_i Σ_t m_it log π_θ(o_it), m on replay
     tokens: a replay token weighs what one with Â = 1 does. logprobs, replay_mask: (S, L)."""
     return -(logprobs * replay_mask).sum() / num_tokens  # scalar
 
@@ -847,10 +847,10 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
                                                 cfg.clip_low, cfg.clip_high, cfg.clip_c,
                                                 num_tokens=mini_batch.num_tokens)
                     if cfg.replay_loss == "nll":
-                        # RLEP: the control that imitates replays (their Â is 0)
+                        # control: replays imitated (their Â is 0)
                         replay_mask = micro["completion_mask"] * micro["replays"][:, None]
                         loss = loss + cfg.replay_coef * imitation_loss(
-                            logprobs, replay_mask, mini_batch.num_tokens)  # RLEP
+                            logprobs, replay_mask, mini_batch.num_tokens)  # control
                 # A rank's loss is its tokens' share of the token mean (their sum over N); FSDP2
                 # averages gradients over the W ranks, so W times the loss sums the shares.
                 (loss * d.world_size).backward()
@@ -1016,8 +1016,8 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
 
     # An update takes mini_batch_prompts x n sequences, as the paper's run. RLEP: groups
     # are n + m long, so a step of 512 x 18 makes round(512 x 18 / (64 x 16)) = 9
-    # updates where the baseline makes 8; --equal_updates counts n + m per prompt.
-    per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # RLEP
+    # updates where the baseline makes 8. control: --equal_updates counts n + m a prompt.
+    per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # control
     sequences_per_update = cfg.mini_batch_prompts * per_prompt
 
     for step in range(start, steps):
@@ -1116,7 +1116,7 @@ def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict]
     pool = given_pool or load_pool(os.path.join(cfg.out_dir, "collect", "pool.jsonl"))  # RLEP
     rows = pool
     if cfg.phase2_prompts == "all":
-        # RLEP: a control: every training prompt, with replays where the pool has some
+        # control: every training prompt, with replays where the pool has some
         pooled = {row["id"]: row["responses"] for row in pool}
         rows = [{**row, "responses": pooled.get(row["id"], [])} for row in train_rows]
     # RLEP: from π_θ0 (base_path), not from the phase-one checkpoint, with replays
@@ -1160,7 +1160,7 @@ def main(argv=None):
     val_rows = read_rows(cfg.val_file) if cfg.val_every else []
     # read once: a bad file stops the run now, not after phase one
     given_pool = load_pool(cfg.pool) if cfg.pool else None
-    baseline_on_pool = cfg.phase1_prompts == "pool"
+    baseline_on_pool = cfg.phase1_prompts == "pool"  # control
     if given_pool is None and baseline_on_pool and cfg.phase in ("all", "1"):
         raise ValueError("--phase1_prompts pool needs --pool FILE (the prompt set to train "
                          "the baseline on)")
