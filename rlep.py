@@ -6,8 +6,7 @@ training prompt from one of its checkpoints and keeps the verified correct ones:
 experience pool. Phase two restarts from the base model; every prompt's group holds n fresh
 rollouts plus m replayed successes from the pool, and the advantage is standardised over
 all n + m of them. Replays give a learning signal on prompts the current policy cannot
-solve yet. Every line that differs from plain DAPO is tagged `# RLEP:` (try
-`grep -n RLEP rlep.py`).
+solve yet. `# RLEP:` tags each line where the paper's method differs from DAPO (grep RLEP).
 
 Run:
     python rlep.py                  # preset cpu: SmolLM2-135M on arithmetic, CPU only
@@ -17,6 +16,10 @@ Run:
         --val_file dapo_format_aime2024_aime2025_amc2023.parquet
 Every Config field is a flag (`--lr 2e-6`); `--phase 2 --pool FILE` runs one part;
 `--resume` continues a run; README.md has the 64-GPU command.
+
+Symbols: B prompts a step, each a group of n fresh rollouts + m replays, G = n + m; T the
+temperature; N a mini-batch's response tokens on all ranks; W ranks; shapes: S samples, L a
+length, R a micro-batch's rows.
 
 Deviations from the paper (and its verl code):
 1. torchrun and FSDP2 (weights, gradients, AdamW state sharded) with one in-process vLLM
@@ -33,8 +36,8 @@ Deviations from the paper (and its verl code):
    each one ~100 times.
 7. Mini-batches are runs of the step's shuffled prompts, whole groups, as many on every
    rank; verl's are ranges of a token-balanced order.
-Controls the paper lacks, off by default (docs/studies.md): `--phase1_prompts pool`,
-`--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`.
+Controls the paper lacks, tagged `# control:`, off by default (docs/studies.md):
+`--phase1_prompts pool`, `--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`.
 """
 import os
 
@@ -53,13 +56,14 @@ import contextlib
 import datetime
 import gc
 import hashlib
+import inspect
 import json
 import logging
 import math
 import re
 import time
 import warnings
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -95,16 +99,15 @@ class Config:
     # --- data and model
     model_path: str = "Qwen/Qwen2.5-Math-7B"  # π_θ0, where both phases start (a folder)
     train_file: str = "dapo-math-17k.parquet"  # D, DAPO-Math-17k
-    # AIME-24, AIME-25, AMC-23: avg@val_k per data source
-    val_file: str = "dapo_format_aime2024_aime2025_amc2023.parquet"
+    val_file: str = "dapo_format_aime2024_aime2025_amc2023.parquet"  # avg@val_k per source
     prompt_template: str = dapo_template  # for plain {"problem", "answer"} rows
     out_dir: str = "runs/paper"  # config, a folder per part, checkpoints, metrics
 
     # --- rollouts
     prompts_per_step: int = 512  # B, prompts per training step
-    n: int = 16  # G, fresh rollouts per prompt
+    n: int = 16  # n, fresh rollouts per prompt
     temperature: float = 1.0  # T; the trainer's log-probs use logits / T
-    top_p: float = 1.0
+    top_p: float = 1.0  # the rollouts' nucleus
     max_prompt_len: int = 1024  # longer prompts are cut from the left
     max_response_len: int = 3072  # L_max, response tokens, the final EOS included
     stop_token: str = ""  # "": responses end at EOS, as the authors'; else here too
@@ -122,13 +125,12 @@ class Config:
     clip_high: float = 0.28  # ε_high, DAPO's clip-higher
     clip_c: float = 10.0  # c, the dual-clip bound
     micro_batch_size: int = 8  # sequences per forward (memory, not math)
-    # padded tokens per forward, longest rows first (memory); 0: micro_batch_size rows
-    micro_batch_tokens: int = 16384
+    micro_batch_tokens: int = 16384  # padded tokens a forward, longest first; 0: by the size
     share_prompts: bool = False  # a prompt once per row, then its responses
 
     # --- phase one: the baseline, then the experience collection
-    phase1_steps: int = 400
-    phase1_prompts: str = "all"  # or "pool": the baseline on the pool's prompts
+    phase1_steps: int = 400  # training steps of phase one
+    phase1_prompts: str = "all"  # {all, pool}: control "pool": the baseline on the pool's prompts
     collect_step: int = 400  # RLEP: the phase-one checkpoint that builds the pool
     collect_k: int = 64  # RLEP: K, samples per prompt in the collection
     collect_temperature: float = 0.7  # RLEP: the collection's T
@@ -138,34 +140,31 @@ class Config:
     # --- phase two: replay
     phase2_steps: int = 400  # RLEP: training steps of phase two
     replay_m: int = 2  # RLEP: m, replayed successes per group of n
-    equal_updates: bool = False  # RLEP: mini-batches count n + m (a control)
-    # RLEP: the pool's prompts (the paper), or "all": every prompt, replays where pooled
-    phase2_prompts: str = "pool"
-    # RLEP: "group": replays share the group's advantage (the paper); "nll": imitated
-    replay_loss: str = "group"
-    replay_coef: float = 1.0  # RLEP: "nll" weighs a replay token as one with Â = 1
-    # RLEP: phase two from this pool (pool.jsonl, or a DAPO parquet with candidates)
-    pool: str = ""
+    equal_updates: bool = False  # control: mini-batches count n + m
+    phase2_prompts: str = "pool"  # {pool, all}: RLEP: the pool's prompts; control: all
+    replay_loss: str = "group"  # {group, nll}: RLEP: replays get the group's Â; control: imitated
+    replay_coef: float = 1.0  # control: "nll" weighs a replay token as one with Â = 1
+    pool: str = ""  # RLEP: phase two from this pool (pool.jsonl, or a DAPO parquet with candidates)
 
     # --- evaluation
-    val_every: int = 5  # validate every N steps (and at 0); 0: never
+    val_every: int = 5  # validate every this many steps (and at 0); 0: never
     val_k: int = 32  # samples per validation problem (avg@k)
-    verify_mode: str = "dapo"  # "dapo": the paper's rule; "default": equivalence
+    verify_mode: str = "dapo"  # {dapo, default}: the paper's rule, or equivalence
 
     # --- system
-    phase: str = "all"  # all | 1 | collect | 2
+    phase: str = "all"  # {all, 1, collect, 2}: the parts to run
     resume: bool = False  # continue the run in out_dir
     seed: int = 1  # every random draw derives from it: see seed_for
     dtype: str = "auto"  # autocast and vLLM; auto: bf16 on GPU, on CPU measured
     gradient_checkpointing: bool = True  # memory for compute
     gpu_memory_utilization: float = 0.55  # vLLM's share (docs/gpu.md: Memory budget)
     timeout_minutes: int = 180  # a collective waits this long for a slow rank
-    save_every: int = 20  # checkpoint every N steps, at a part's end and at collect_step
-    keep_checkpoints: int = 2  # the newest N of a part (+ collect_step's); 0: all
+    save_every: int = 20  # checkpoint every this many steps, at a part's end and at collect_step
+    keep_checkpoints: int = 2  # this many newest of a part (+ collect_step's); 0: all
     log_samples: int = 2  # completions per step in samples.jsonl
     progress: bool = True  # tqdm bars on rank 0 for long generation
     cache_dir: str = ".cache/rlep"  # where built-in models are made
-    preset: str = "cpu"  # paper | tiny | cpu, applied before the other flags
+    preset: str = "cpu"  # {paper, tiny, cpu, cpu-hard}: applied before the other flags
 
 presets = {
     "paper": {},
@@ -188,26 +187,32 @@ presets = {
         val_every=3, val_k=4, verify_mode="default", gradient_checkpointing=False, save_every=6,
         log_samples=2, progress=False),
 }
-# RLEP: the cpu preset where replays can rescue (docs/studies.md), the paper's K = 64
+# cpu-hard: the cpu preset where replays can rescue (docs/studies.md), the paper's K = 64
 presets["cpu-hard"] = dict(
     presets["cpu"], train_file="builtin:arith-mix:train", val_file="builtin:arith-mix:val",
     out_dir="runs/cpu-hard", collect_k=64)
 
+def config_flags():
+    """(name, argparse settings) of each Config field, from its line, the one source: the
+    help is the field's comment, a leading "{a, b}: " the values it takes."""
+    source = inspect.getsource(Config)
+    for name, comment in re.findall(r"^ +(\w+): \w+ = .*?  # (.*)$", source, re.M):
+        kind = Config.__annotations__[name]
+        flag = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        values, text = re.fullmatch(r"(?:\{([^}]*)\}: )?(.*)", comment).groups()
+        flag["help"] = text.replace("%", "%%")  # argparse formats help with %
+        if values:
+            flag["choices"] = values.split(", ")
+        yield name, flag
+
 def parse_config(argv=None) -> Config:
-    """Config defaults <- preset <- command line. Every field is a `--flag`; booleans also
-    take `--no-flag`."""
-    parser = argparse.ArgumentParser(description="RLEP: GRPO with experience replay")
-    choices = {"preset": sorted(presets), "phase": ["all", "1", "collect", "2"],
-               "verify_mode": ["dapo", "default"], "phase2_prompts": ["pool", "all"],
-               "replay_loss": ["group", "nll"]}
-    for field in fields(Config):
-        kind = dict(type=field.type)
-        if field.type is bool:
-            kind = dict(action=argparse.BooleanOptionalAction)
-        parser.add_argument(f"--{field.name}", default=None,
-                            choices=choices.get(field.name), **kind)
-    given = vars(parser.parse_args(argv))
-    args = {k: v for k, v in given.items() if v is not None}
+    """Config defaults <- preset <- command line; booleans also take `--no-flag`."""
+    parser = argparse.ArgumentParser(
+        description="RLEP: GRPO with experience replay. A flag's default is the paper's, "
+        "unless --preset (cpu when not given) sets it.", argument_default=argparse.SUPPRESS)
+    for name, flag in config_flags():
+        parser.add_argument(f"--{name}", **flag)
+    args = vars(parser.parse_args(argv))
     preset = presets[args.get("preset", Config.preset)]
     cfg = Config(**{**preset, **args})
     if cfg.share_prompts and cfg.micro_batch_tokens:
@@ -518,7 +523,7 @@ class Sample:
     replay: bool = False
     advantage: float = 0.0
     vllm_logprobs: list = None  # vLLM's log-prob of each sampled token (fresh samples)
-    old_logprobs: torch.Tensor = None  # (T_i,) log π_θold, set by the update
+    old_logprobs: torch.Tensor = None  # (L_i,) log π_θold, kept by the update
     row_id: str = ""  # the data row the prompt came from
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
@@ -534,12 +539,12 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     rewards, with the unbiased std (torch.std, as verl). R = [1, -1, -1, -1] gives
     [1.5, -0.5, -0.5, -0.5]; an all-equal group gives zeros (no signal). RLEP: 16 wrong
     fresh + 2 right replays give -0.34 and +2.75."""
-    groups = rewards.view(-1, group_size)  # (num_groups, G)
-    mean = groups.mean(dim=1, keepdim=True)  # (num_groups, 1)
-    std = torch.zeros_like(mean)  # (num_groups, 1)
+    groups = rewards.view(-1, group_size)  # (groups, G)
+    mean = groups.mean(dim=1, keepdim=True)  # (groups, 1)
+    std = torch.zeros_like(mean)  # (groups, 1)
     if group_size > 1:
         std = groups.std(dim=1, keepdim=True)
-    return ((groups - mean) / (std + eps)).view(-1)  # (num_groups * G,)
+    return ((groups - mean) / (std + eps)).view(-1)  # (groups * G,)
 
 def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list[str]:
     """RLEP: m pooled successes, uniformly without replacement, drawn anew each time the
@@ -569,7 +574,7 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[Completion],
         sample = Sample(prompt_ids, ids, correct, reward, replay,
                         vllm_logprobs=logprobs, row_id=row["id"])
         group.append(sample)
-    # RLEP: over G' = n + m; "nll" (a control): the n fresh alone, replays imitated
+    # RLEP: over G = n + m; control "nll": the n fresh alone, replays imitated
     scored = group if cfg.replay_loss == "group" else group[:len(completions)]  # RLEP
     rewards = torch.tensor([s.reward for s in scored])  # (n + m,)
     advantages = group_advantages(rewards, len(scored))  # (n + m,)
@@ -584,24 +589,23 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
                 clip_c=10.0, num_tokens=None):
     """L(θ) = -1/N Σ_i Σ_t m_it · min(r_it Â_i, clip(r_it, 1 - ε_low, 1 + ε_high) Â_i),
     r_it = π_θ(o_it) / π_θold(o_it), with the dual clip: where Â_i < 0 the per-token loss
-    is capped at -c·Â_i (huge ratios cannot blow it up). N, the token-count normalizer, is
-    all response tokens of the mini-batch on all ranks (DAPO's token mean): an argument,
-    because a micro-batch sees only part of it; default: mask.sum().
-    logprobs, old_logprobs, mask: (B, T); advantages: (B,).
+    is capped at -c·Â_i (huge ratios cannot blow it up). N is an argument (a micro-batch
+    sees only part of the mini-batch); default: mask.sum().
+    logprobs, old_logprobs, mask: (S, L); advantages: (S,).
     Returns (loss, metrics); the metrics are 0-d tensors (no host sync)."""
-    mask = mask.to(logprobs.dtype)  # (B, T) m_it, 1 on response tokens (EOS included)
+    mask = mask.to(logprobs.dtype)  # (S, L) m_it, 1 on response tokens (EOS included)
     if num_tokens is None:
         num_tokens = mask.sum()  # N
-    adv = advantages.unsqueeze(1)  # (B, 1) Â_i, shared by the tokens of response i
+    adv = advantages.unsqueeze(1)  # (S, 1) Â_i, shared by the tokens of response i
     # clamped as verl does, so that exp stays finite
-    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # (B, T) log r_it
-    ratio = torch.exp(log_ratio)  # (B, T) r_it
-    loss_unclipped = -adv * ratio  # (B, T) -r Â
-    clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)  # (B, T) clip(r)
-    loss_clipped = -adv * clipped_ratio  # (B, T) -clip(r) Â
-    pessimistic = torch.maximum(loss_unclipped, loss_clipped)  # (B, T) PPO's bound
-    dual_clipped = torch.minimum(pessimistic, -adv * clip_c)  # (B, T) capped at -c Â
-    per_token_loss = torch.where(adv < 0, dual_clipped, pessimistic)  # (B, T)
+    log_ratio = (logprobs - old_logprobs).clamp(-20.0, 20.0)  # (S, L) log r_it
+    ratio = torch.exp(log_ratio)  # (S, L) r_it
+    loss_unclipped = -adv * ratio  # (S, L) -r Â
+    clipped_ratio = ratio.clamp(1 - clip_low, 1 + clip_high)  # (S, L) clip(r)
+    loss_clipped = -adv * clipped_ratio  # (S, L) -clip(r) Â
+    pessimistic = torch.maximum(loss_unclipped, loss_clipped)  # (S, L) PPO's bound
+    dual_clipped = torch.minimum(pessimistic, -adv * clip_c)  # (S, L) capped at -c Â
+    per_token_loss = torch.where(adv < 0, dual_clipped, pessimistic)  # (S, L)
     loss = (per_token_loss * mask).sum() / num_tokens  # scalar: the token mean
     with torch.no_grad():
         def token_mean(values):  # over this micro-batch's response tokens
@@ -613,9 +617,8 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
     return loss, metrics
 
 def imitation_loss(logprobs, replay_mask, num_tokens):
-    """RLEP's "nll" control (RAFT-style): L = -1/N Σ_i Σ_t m_it log π_θ(o_it), m on replay
-    tokens; N as in policy_loss, so a replay token weighs what a token with Â = 1 does.
-    logprobs, replay_mask: (B, T)."""
+    """The "nll" control (RAFT-style): L = -1/N Σ_i Σ_t m_it log π_θ(o_it), m on replay
+    tokens: a replay token weighs what one with Â = 1 does. logprobs, replay_mask: (S, L)."""
     return -(logprobs * replay_mask).sum() / num_tokens  # scalar
 
 class TokenLogProbs(torch.nn.Module):
@@ -628,27 +631,27 @@ class TokenLogProbs(torch.nn.Module):
         self.temperature = temperature
         self.chunk_tokens = chunk_tokens
 
-    def _chunk_logps(self, hidden, targets):  # (N, H), (N,) -> (N,)
-        # h W / T as (h / T) W: a division of (N, H), not of (N, V)
-        logits = self.model.lm_head(hidden / self.temperature)  # (N, V)
+    def _chunk_logps(self, hidden, targets):  # (tokens, H), (tokens,) -> (tokens,)
+        # h W / T as (h / T) W: a division of (tokens, H), not of (tokens, V)
+        logits = self.model.lm_head(hidden / self.temperature)  # (tokens, V)
         # log softmax and gather in one fused op
         return -F.cross_entropy(logits.float(), targets, reduction="none")
 
     def forward(self, batch: dict) -> torch.Tensor:
-        """(B, T) log-probs, 0 after each response's end."""
+        """(S, L) log-probs, 0 after each response's end."""
         hidden = self.model.model(input_ids=batch["input_ids"],
                                   attention_mask=batch["attention_mask"],
                                   position_ids=batch["position_ids"]).last_hidden_state
-        # the state before each response token: (R, L, H) -> (N, H)
+        # the state before each response token: (R, L, H) -> (tokens, H)
         hidden = hidden.flatten(0, 1)[batch["sources"]]
-        targets = batch["targets"]  # (N,)
+        targets = batch["targets"]  # (tokens,)
         logps = []
         for i in range(0, targets.numel(), self.chunk_tokens):
             chunk = slice(i, i + self.chunk_tokens)
             # recomputed in backward: one chunk of logits alive at a time
             logps.append(torch.utils.checkpoint.checkpoint(
                 self._chunk_logps, hidden[chunk], targets[chunk], use_reentrant=False))
-        out = hidden.new_zeros(batch["completion_mask"].shape, dtype=torch.float32)  # (B, T)
+        out = hidden.new_zeros(batch["completion_mask"].shape, dtype=torch.float32)  # (S, L)
         # integer positions: a boolean mask would sync with the host
         out.view(-1)[batch["completion_index"]] = torch.cat(logps)
         return out
@@ -692,21 +695,25 @@ def collate(samples: list[Sample], pad_id: int, device, share_prompts: bool = Fa
     attention = ((key == 0) | (key == query)).tril().unsqueeze(1)
     if not share_prompts:
         attention = (segments >= 0).long()  # (R, L)
-    lengths = torch.tensor([len(s.completion_ids) for s in samples])  # (B,)
-    completion_mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)  # (B, T)
+    lengths = torch.tensor([len(s.completion_ids) for s in samples])  # (S,)
+    completion_mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)  # (S, L)
     batch = {
         "input_ids": pad(tokens, pad_id),  # (R, L)
         "position_ids": pad(positions, 0),  # (R, L)
         "attention_mask": attention,
-        "sources": torch.tensor([r * length + t for s in sources for r, t in s]),  # (N,)
-        "targets": torch.tensor([t for s in samples for t in s.completion_ids]),  # (N,)
-        "completion_mask": completion_mask.long(),  # (B, T)
-        # (N,) positions in (B * T), in the order of targets
+        "sources": torch.tensor([r * length + t for s in sources for r, t in s]),  # (tokens,)
+        "targets": torch.tensor([t for s in samples for t in s.completion_ids]),  # (tokens,)
+        "completion_mask": completion_mask.long(),  # (S, L)
+        # (tokens,) positions in (S * L), in the order of targets
         "completion_index": completion_mask.flatten().nonzero().squeeze(1),
-        "advantages": torch.tensor([s.advantage for s in samples]).float(),  # (B,)
-        "replays": torch.tensor([s.replay for s in samples]),  # (B,)
+        "advantages": torch.tensor([s.advantage for s in samples]).float(),  # (S,)
+        "replays": torch.tensor([s.replay for s in samples]),  # (S,)
     }
     batch = {k: v.to(device) for k, v in batch.items()}
+    if all(s.old_logprobs is not None for s in samples):
+        # π_θold, carried by the samples as their advantages are (epochs after the first)
+        batch["old_logprobs"] = torch.nn.utils.rnn.pad_sequence(
+            [s.old_logprobs for s in samples], batch_first=True)  # (S, L), 0 after the end
     batch["samples"] = samples
     # the rows' real tokens: what the forward costs
     batch["row_tokens"] = sum(map(len, tokens))
@@ -723,7 +730,7 @@ class GroupSize(NamedTuple):
 @dataclass
 class MiniBatch:
     micro_batches: list[dict]  # this rank's, the lockstep padding included
-    num_tokens: int  # N: the response tokens of the mini-batch on all ranks
+    num_tokens: int  # N, the token mean's divisor
 
 def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
                       seed: int) -> list[np.ndarray]:
@@ -785,29 +792,20 @@ def build_mini_batch(positions, mine: dict, sizes: dict, cfg: Config, d: Dist,
     # an idle micro-batch: a one-token sample with Â = 0, an exactly zero gradient.
     busiest = max(map(len, plans))
     if busiest > len(micro):
-        idle = Sample([pad_id], [pad_id], False, 0.0)
+        # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
+        idle = Sample([pad_id], [pad_id], False, 0.0, old_logprobs=torch.zeros(1, device=d.device))
         idle_batch = collate([idle], pad_id, d.device, cfg.share_prompts)
         idle_batch["idle"] = True
         micro += [idle_batch] * (busiest - len(micro))
     num_tokens = sum(sizes[p].response_tokens for p in positions)
     return MiniBatch(micro, num_tokens)
 
-def old_logprobs(batch: dict, logprobs: torch.Tensor) -> torch.Tensor:
-    """(B, T) log π_θold, the policy at the step's start, and the one place it is set: in the
-    first epoch `logprobs` the first time a micro-batch asks (before any update); later
-    epochs put together what each sample kept."""
-    if "old_logprobs" in batch:
-        return batch["old_logprobs"]
-    samples = batch["samples"]
-    if all(s.old_logprobs is not None for s in samples):
-        kept = torch.cat([s.old_logprobs for s in samples])  # (N,)
-        batch["old_logprobs"] = torch.zeros_like(logprobs)  # (B, T)
-        batch["old_logprobs"].view(-1)[batch["completion_index"]] = kept
-        return batch["old_logprobs"]
-    batch["old_logprobs"] = logprobs.detach()
-    for sample, row in zip(samples, batch["old_logprobs"]):
+def keep_old_logprobs(micro: dict, old_logprobs: torch.Tensor):
+    """A micro-batch's (S, L) log π_θold, the policy at the step's start: the loss reads the
+    micro-batch's; later epochs (collate) and the step's metrics each sample's row."""
+    micro["old_logprobs"] = old_logprobs
+    for sample, row in zip(micro["samples"], old_logprobs):
         sample.old_logprobs = row[:len(sample.completion_ids)]
-    return batch["old_logprobs"]
 
 def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_update: int,
                cfg: Config, d: Dist, pad_id: int, seed: int) -> dict:
@@ -830,36 +828,38 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
         mini_batches = [build_mini_batch(positions, mine, sizes, cfg, d, pad_id)
                         for positions in runs]
         if epoch == 0:
-            # π_θold for every sequence, replays included, before any update. The first
-            # mini-batch is skipped: the policy has not moved when its update runs, so its
-            # own forward gives π_θold (a pass saved: all of it when a step is one update).
+            # π_θold of every sequence, replays included, in one no-grad pass before any
+            # update, for every mini-batch but the first (below)
             with torch.no_grad(), autocast:
                 for mini_batch in mini_batches[1:]:
-                    for batch in mini_batch.micro_batches:
-                        old_logprobs(batch, policy(batch))
-        for mini_batch in mini_batches:
-            for batch in mini_batch.micro_batches:
+                    for micro in mini_batch.micro_batches:
+                        keep_old_logprobs(micro, policy(micro))
+        for k, mini_batch in enumerate(mini_batches):
+            for micro in mini_batch.micro_batches:
                 with autocast:
-                    logprobs = policy(batch)  # (B, T)
-                    loss, metrics = policy_loss(logprobs, old_logprobs(batch, logprobs),
-                                                batch["advantages"], batch["completion_mask"],
+                    logprobs = policy(micro)  # (S, L)
+                    if epoch == 0 and k == 0:
+                        # the policy has not moved yet: its own forward is π_θold (a pass
+                        # saved: the whole pass when a step is one update)
+                        keep_old_logprobs(micro, logprobs.detach())
+                    loss, metrics = policy_loss(logprobs, micro["old_logprobs"],
+                                                micro["advantages"], micro["completion_mask"],
                                                 cfg.clip_low, cfg.clip_high, cfg.clip_c,
                                                 num_tokens=mini_batch.num_tokens)
                     if cfg.replay_loss == "nll":
-                        # RLEP: the control that imitates replays (their Â is 0)
-                        replay_mask = batch["completion_mask"] * batch["replays"][:, None]
+                        # control: replays imitated (their Â is 0)
+                        replay_mask = micro["completion_mask"] * micro["replays"][:, None]
                         loss = loss + cfg.replay_coef * imitation_loss(
-                            logprobs, replay_mask, mini_batch.num_tokens)  # RLEP
-                # A rank's loss is its tokens' share of the token mean (their sum over N,
-                # the tokens on all ranks); the shares add up to the mean. FSDP2 averages
-                # gradients over the W ranks, so W times the loss makes that the sum.
+                            logprobs, replay_mask, mini_batch.num_tokens)  # control
+                # A rank's loss is its tokens' share of the token mean (their sum over N); FSDP2
+                # averages gradients over the W ranks, so W times the loss sums the shares.
                 (loss * d.world_size).backward()
-                if not batch.get("idle"):
+                if not micro.get("idle"):
                     for key, value in metrics.items():
                         stats[key].append(value)
                     # tokens through the decoder and the LM head (the step's FLOPs)
-                    stats["trained_tokens"].append(batch["row_tokens"])
-                    stats["trained_response_tokens"].append(len(batch["targets"]))
+                    stats["trained_tokens"].append(micro["row_tokens"])
+                    stats["trained_response_tokens"].append(len(micro["targets"]))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
@@ -1016,8 +1016,8 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
 
     # An update takes mini_batch_prompts x n sequences, as the paper's run. RLEP: groups
     # are n + m long, so a step of 512 x 18 makes round(512 x 18 / (64 x 16)) = 9
-    # updates where the baseline makes 8; --equal_updates counts n + m per prompt.
-    per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # RLEP
+    # updates where the baseline makes 8. control: --equal_updates counts n + m a prompt.
+    per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # control
     sequences_per_update = cfg.mini_batch_prompts * per_prompt
 
     for step in range(start, steps):
@@ -1116,7 +1116,7 @@ def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict]
     pool = given_pool or load_pool(os.path.join(cfg.out_dir, "collect", "pool.jsonl"))  # RLEP
     rows = pool
     if cfg.phase2_prompts == "all":
-        # RLEP: a control: every training prompt, with replays where the pool has some
+        # control: every training prompt, with replays where the pool has some
         pooled = {row["id"]: row["responses"] for row in pool}
         rows = [{**row, "responses": pooled.get(row["id"], [])} for row in train_rows]
     # RLEP: from π_θ0 (base_path), not from the phase-one checkpoint, with replays
@@ -1160,7 +1160,7 @@ def main(argv=None):
     val_rows = read_rows(cfg.val_file) if cfg.val_every else []
     # read once: a bad file stops the run now, not after phase one
     given_pool = load_pool(cfg.pool) if cfg.pool else None
-    baseline_on_pool = cfg.phase1_prompts == "pool"
+    baseline_on_pool = cfg.phase1_prompts == "pool"  # control
     if given_pool is None and baseline_on_pool and cfg.phase in ("all", "1"):
         raise ValueError("--phase1_prompts pool needs --pool FILE (the prompt set to train "
                          "the baseline on)")

@@ -1,5 +1,6 @@
 """Data loading, prompts, config parsing, replay draws and log-probs, without vLLM.
 Run: python -m pytest -q tests/test_data.py"""
+import dataclasses
 import json
 
 import numpy as np
@@ -109,6 +110,28 @@ def test_config_presets_and_overrides():
     assert rlep.parse_config([]).preset == "cpu"
     with pytest.raises(SystemExit):
         rlep.parse_config(["--preset", "nope"])
+
+
+def test_every_flag_has_its_fields_help_and_its_choices_are_enforced(capsys):
+    flags = dict(rlep.config_flags())
+    assert list(flags) == [field.name for field in dataclasses.fields(rlep.Config)]
+    assert all(flag["help"].strip() for flag in flags.values())
+    choices = {name: flag["choices"] for name, flag in flags.items() if "choices" in flag}
+    assert choices == {"phase1_prompts": ["all", "pool"], "phase2_prompts": ["pool", "all"],
+                       "replay_loss": ["group", "nll"], "verify_mode": ["dapo", "default"],
+                       "phase": ["all", "1", "collect", "2"],
+                       "preset": ["paper", "tiny", "cpu", "cpu-hard"]}
+    assert set(choices["preset"]) == set(rlep.presets)
+    for name, values in choices.items():
+        assert getattr(rlep.Config, name) in values
+        for value in values:
+            assert getattr(rlep.parse_config([f"--{name}", value]), name) == value
+        with pytest.raises(SystemExit):
+            rlep.parse_config([f"--{name}", "nope"])
+    with pytest.raises(SystemExit):
+        rlep.parse_config(["--help"])
+    shown = capsys.readouterr().out
+    assert all(f"--{name}" in shown for name in flags) and "{group,nll}" in shown
 
 
 @pytest.mark.parametrize("share_prompts", [False, True])
