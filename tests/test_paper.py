@@ -41,7 +41,8 @@ def bound(function, args, kwargs):
 
 
 # -----------------------------------------------------------------------------------------
-# The loss: L = -1/N Σ_i Σ_t min(r Â, clip(r, 1 - ε_low, 1 + ε_high) Â), dual clip c for Â < 0
+# The loss: L = -1/N Σ_i Σ_t min(r Â, clip(r, 1 - ε_low, 1 + ε_high) Â),
+# with the dual clip at c for Â < 0
 
 def paper_token_loss(r, a, eps_low, eps_high, c):
     """The per-token loss of DAPO's objective with the dual clip, written out."""
