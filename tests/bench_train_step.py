@@ -59,6 +59,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo_root)
+import builtin  # noqa: E402
 import data  # noqa: E402
 import rlep  # noqa: E402
 
@@ -452,7 +453,7 @@ def main(argv=None):
     # as rlep.main; on a CPU it measures the matmuls of the model's shapes, read from a folder
     config_dir = tempfile.mkdtemp()
     model_config(args.model).save_pretrained(config_dir)
-    choice = rlep.resolve_dtype(args.dtype, device, config_dir)
+    choice = builtin.resolve_dtype(args.dtype, device, config_dir)
     cfg.dtype, why = choice.dtype, choice.why
     peak_tflops = args.peak_tflops or (989.0 if device.type == "cuda" else None)
     # as rlep.ppo_update

@@ -15,9 +15,9 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The tiny preset's model, built once per test session (5 s) into a temporary cache."""
-    import data
+    import builtin
     cache = tmp_path_factory.mktemp("cache")
-    return data.resolve_model("builtin:tiny", str(cache))
+    return builtin.resolve_model("builtin:tiny", str(cache))
 
 
 engines = {}

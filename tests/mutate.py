@@ -85,8 +85,8 @@ mutations = [
      "cfg.phase1_steps))"),
     ("collection K ignored", "rlep.py", "cfg.collect_k, cfg, [end_id],", "cfg.n, cfg, [end_id],"),
     ("collection temperature ignored", "rlep.py",
-     '(cfg.seed, "collect"), cfg.collect_temperature,', '(cfg.seed, "collect"), cfg.temperature,'),
-    ("collection top-p ignored", "rlep.py", "cfg.collect_top_p, keep=", "cfg.top_p, keep="),
+     'temperature=cfg.collect_temperature,', 'temperature=cfg.temperature,'),
+    ("collection top-p ignored", "rlep.py", "top_p=cfg.collect_top_p,", "top_p=cfg.top_p,"),
     ("min_successes ignored", "rlep.py", 'if len(successes[row["id"]]) >= cfg.min_successes]',
      'if len(successes[row["id"]]) >= 1]'),
     ("collection keeps unverified answers", "data.py",
@@ -94,12 +94,10 @@ mutations = [
      'right = list(record["responses"])'),
     # validation
     ("phase two validates on other draws", "rlep.py",
-     "record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step + 1))",
-     "record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, "
-     "step + 1 + 1000 * replay))"),
+     "step=step + 1))", "step=step + 1 + 1000 * replay))"),
     ("phase two's step 0 on other draws", "rlep.py",
-     "validate(engine, tokenizer, val_rows, cfg, stop_ids, d, 0)",
-     "validate(engine, tokenizer, val_rows, cfg, stop_ids, d, int(replay))"),
+     "validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=0)",
+     "validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=int(replay))"),
     # the optimiser
     ("warm-up removed", "rlep.py", "return cfg.lr * min(1.0, step / cfg.warmup_steps)",
      "return cfg.lr"),

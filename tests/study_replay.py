@@ -41,6 +41,8 @@ import torch
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
 import rlep  # noqa: E402
+import builtin  # noqa: E402
+import data  # noqa: E402
 
 # arm -> (label, folder suffix, part whose curve it is)
 arms = {"A1": ("baseline, all prompts", "", "phase1"),
@@ -163,7 +165,7 @@ def expected_seconds(out: str, seeds: list, settings: list, cfg, with_a6: bool) 
 
 def curve(folder: str, part: str, steps: int) -> tuple:
     """(steps, val_acc, metrics rows, {kind: val_acc}) of a part, up to `steps`."""
-    rows = [r for r in rlep.read_jsonl(os.path.join(folder, part, "metrics.jsonl"))
+    rows = [r for r in data.read_jsonl(os.path.join(folder, part, "metrics.jsonl"))
             if r["step"] <= steps]
     points = [r for r in rows if "val_acc" in r]
     kinds = {k[len("val_acc/"):]: np.array([r[k] for r in points])
@@ -178,11 +180,14 @@ def curve(folder: str, part: str, steps: int) -> tuple:
 def t95_bounds(values) -> tuple:
     """(mean, low, high): a 95 % t-interval over seeds, in the values' units."""
     values = np.asarray(values, dtype=float)
-    # two-sided 95 % quantiles of Student's t, by degrees of freedom
+    # two-sided 95 % quantiles of Student's t, by degrees of freedom (the audited table, as the
+    # plan states); beyond it the exact quantile
     t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
     half = float("nan")
     if len(values) > 1:
-        half = t95.get(len(values) - 1, 2.0) * values.std(ddof=1) / math.sqrt(len(values))
+        df = len(values) - 1
+        quantile = t95[df] if df in t95 else t_quantile(0.975, df)
+        half = quantile * values.std(ddof=1) / math.sqrt(len(values))
     mean = values.mean()
     return mean, mean - half, mean + half
 
@@ -435,7 +440,7 @@ def arm_costs(out: str, seed: int, found: dict, cfg, arm_names) -> dict:
         charged = {"before": 0, "collection": 0, "tokens": own["tokens"]}
         if arm != "A1":
             collection = os.path.join(main + ("-A6" if arm == "A6" else ""), "collect")
-            tried = rlep.read_jsonl(os.path.join(collection, "progress.jsonl"))
+            tried = data.read_jsonl(os.path.join(collection, "progress.jsonl"))
             charged = {"before": before["responses"], "collection": len(tried) * cfg.collect_k,
                        "tokens": own["tokens"] + before["tokens"]
                        + sum(t.get("tokens", 0) for t in tried)}
@@ -455,7 +460,7 @@ def provenance() -> str:
         done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else "?"
     plan = git("log", "-1", "--format=%h %cs", "--", "docs/study-plan.md") or "uncommitted"
-    changed = git("status", "--porcelain", "--", "rlep.py", "data.py", "verify.py",
+    changed = git("status", "--porcelain", "--", "rlep.py", "data.py", "builtin.py", "verify.py",
                   "tests/study_replay.py", "docs/study-plan.md")
     state = "as committed" if not changed else "with uncommitted changes"
     return f"plan docs/study-plan.md at {plan}; code at {git('rev-parse', '--short', 'HEAD')} " \
@@ -476,7 +481,7 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
             found[seed, arm] = curve(folder, part, horizon)
             dtypes.add(str(run_dtype(folder)))
     steps = found[seeds[0], "A1"][0]
-    n_val = len(rlep.read_rows(cfg.val_file))
+    n_val = len(data.read_rows(cfg.val_file))
     per_point = n_val * cfg.val_k
     avg = f"avg@{cfg.val_k}"
     acc = {arm: np.array([found[s, arm][1] for s in seeds]) for arm in names}  # (seeds, points)
@@ -540,7 +545,7 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
                             for arm, d in by_kind.items()}
     # the pools and the rescues
     replay_arms = [arm for arm in names if names[arm][2] == "phase2"]
-    num_train = len(rlep.read_rows(cfg.train_file))
+    num_train = len(data.read_rows(cfg.train_file))
     lines += ["", f"Per seed: the pool (prompts of the {num_train} training prompts with at least "
               f"{cfg.min_successes} verified answers of K = {cfg.collect_k}), and the rescued "
               f"visits of steps 1-{horizon} (in brackets, of steps 1-3: their share of the "
@@ -549,7 +554,7 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
               "|---" * (len(replay_arms) + 2) + "|"]
     for s in seeds:
         main = os.path.join(out, f"seed{s}")
-        cells = [f"{len(rlep.read_jsonl(os.path.join(main, 'collect', 'pool.jsonl')))}"]
+        cells = [f"{len(data.read_jsonl(os.path.join(main, 'collect', 'pool.jsonl')))}"]
         for arm in replay_arms:
             rows_ = [r for r in found[s, arm][2] if r["step"] > 0]
             early = [r for r in rows_ if r["step"] <= 3]
@@ -718,8 +723,8 @@ def main():
     start = time.time()
     if not args.report_only:
         # rlep.py measures the dtype per run; a busy machine could flip one run's choice
-        model_path = rlep.resolve_model(cfg.model_path, cfg.cache_dir, build=True)
-        choice = rlep.resolve_dtype(args.dtype, torch.device("cpu"), model_path)
+        model_path = builtin.resolve_model(cfg.model_path, cfg.cache_dir, build=True)
+        choice = builtin.resolve_dtype(args.dtype, torch.device("cpu"), model_path)
         speeds = ", ".join(f"{k} {v:.0f}" for k, v in choice.gflops.items())
         why = choice.why if "measured" in choice.why else f"{choice.why}; GFLOP/s here: {speeds}"
         print(f"every run in {choice.dtype} ({why})", flush=True)

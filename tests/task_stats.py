@@ -19,6 +19,8 @@ import numpy as np
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
 import rlep  # noqa: E402  (sets vLLM's environment before torch is imported)
+import builtin  # noqa: E402
+import data  # noqa: E402
 
 
 def base_model_table(cfg: rlep.Config, k: int):
@@ -26,10 +28,10 @@ def base_model_table(cfg: rlep.Config, k: int):
     right; the base model samples as in training (T = cfg.temperature)."""
     from transformers import AutoTokenizer
     d = rlep.setup_distributed()
-    model_path = rlep.resolve_model(cfg.model_path, cfg.cache_dir)
-    cfg.dtype = rlep.resolve_dtype(cfg.dtype, d.device, model_path).dtype
+    model_path = builtin.resolve_model(cfg.model_path, cfg.cache_dir)
+    cfg.dtype = builtin.resolve_dtype(cfg.dtype, d.device, model_path).dtype
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    rows = rlep.read_rows(cfg.train_file)
+    rows = data.read_rows(cfg.train_file)
     engine = rlep.build_engine(cfg, model_path, d)
     end_id = rlep.end_token_id(tokenizer, cfg.stop_token)
     records = rlep.sample_and_grade(engine, tokenizer, rows, k, cfg, [end_id], d,
@@ -53,8 +55,8 @@ def base_model_table(cfg: rlep.Config, k: int):
 def run_table(run_dir: str, steps: int):
     """The pool's coverage of the training prompts (by kind) and phase two's rescues per step."""
     cfg = json.load(open(os.path.join(run_dir, "config.json")))
-    rows = rlep.read_rows(cfg["train_file"])
-    pool = {row["id"] for row in rlep.read_jsonl(os.path.join(run_dir, "collect", "pool.jsonl"))}
+    rows = data.read_rows(cfg["train_file"])
+    pool = {row["id"] for row in data.read_jsonl(os.path.join(run_dir, "collect", "pool.jsonl"))}
     kinds = collections.defaultdict(lambda: [0, 0])
     for row in rows:
         kind = kinds[row.get("data_source", "all")]
@@ -65,7 +67,7 @@ def run_table(run_dir: str, steps: int):
           f">= {cfg['min_successes']} verified, phase-one step {cfg['collect_step']}) covers "
           f"{len(pool)} of {len(rows)} training prompts ({100 * len(pool) / len(rows):.0f} %): "
           f"{covered}")
-    metrics = [r for r in rlep.read_jsonl(os.path.join(run_dir, "phase2", "metrics.jsonl"))
+    metrics = [r for r in data.read_jsonl(os.path.join(run_dir, "phase2", "metrics.jsonl"))
                if 0 < r["step"] <= steps]
     rescued = sum(r["rescued"] for r in metrics)
     pooled = sum(v["replays"] > 0 for r in metrics for v in r["visits"])

@@ -19,7 +19,7 @@ import rlep
 
 
 def fake_checkpoint(part_dir, step, complete=True):
-    folder = rlep.checkpoint_path(str(part_dir), step)
+    folder = data.checkpoint_path(str(part_dir), step)
     os.makedirs(os.path.join(folder, "optimizer"))
     open(os.path.join(folder, "model.safetensors"), "w").close()
     if complete:
@@ -35,13 +35,13 @@ def test_pruning_keeps_the_newest_whole_and_the_protected_weights(tmp_path):
     data.prune_checkpoints(str(tmp_path), keep=2, protected={20})
     assert data.complete_checkpoints(str(tmp_path)) == [20, 60, 80]
     with_optimizer = [s for s in (20, 60, 80)
-                      if os.path.isdir(os.path.join(rlep.checkpoint_path(str(tmp_path), s),
+                      if os.path.isdir(os.path.join(data.checkpoint_path(str(tmp_path), s),
                                                     "optimizer"))]
     # the newest two can be resumed from; the collection's keeps only its weights
     assert with_optimizer == [60, 80]
     # a save in flight is not a checkpoint, and is not touched
     assert os.path.isdir(in_flight + ".tmp")
-    assert rlep.latest_checkpoint(str(tmp_path)) == (80, rlep.checkpoint_path(str(tmp_path), 80))
+    assert data.latest_checkpoint(str(tmp_path)) == (80, data.checkpoint_path(str(tmp_path), 80))
 
 
 def fake_sized_checkpoint(part_dir, step, params):
@@ -67,7 +67,7 @@ def replay_saves(cfg, out_dir, params):
     parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"]}[cfg.phase]
     for part in parts:
         part_dir = os.path.join(out_dir, part)
-        done = rlep.latest_checkpoint(part_dir)[0]
+        done = data.latest_checkpoint(part_dir)[0]
         for step in [s for s in data.save_plan(cfg, part) if s > done]:
             fake_sized_checkpoint(part_dir, step, params)
             peak = max(peak, bytes_under(out_dir))
@@ -169,12 +169,12 @@ def test_phase_one_saves_the_collection_step_between_saves(tiny_engine, tiny_mod
                              "--keep_checkpoints", "1"])
     assert cfg.save_every == 2 and data.save_plan(cfg, "phase1") == [1, 2]
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    rows = rlep.read_rows(cfg.train_file)
+    rows = data.read_rows(cfg.train_file)
     rlep.train(cfg, "phase1", rows, tiny_engine, tokenizer, tokenizer.eos_token_id, tiny_model,
                rlep.setup_distributed(), [])
     part_dir = str(tmp_path / "phase1")
     assert data.complete_checkpoints(part_dir) == [1, 2]
-    collected = rlep.checkpoint_path(part_dir, 1)
+    collected = data.checkpoint_path(part_dir, 1)
     assert os.path.isfile(os.path.join(collected, "model.safetensors"))
     assert not os.path.isdir(os.path.join(collected, "optimizer"))
 
@@ -185,7 +185,7 @@ def test_the_collection_gathers_only_the_verified_answers(tiny_engine, tiny_mode
     cfg = rlep.parse_config(["--preset", "tiny"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tiny_engine.load(path=tiny_model)
-    rows = rlep.read_rows(cfg.train_file)[:6]
+    rows = data.read_rows(cfg.train_file)[:6]
     d = rlep.setup_distributed()
     def sample(keep=None):
         return rlep.sample_and_grade(tiny_engine, tokenizer, rows, 8, cfg,
@@ -242,7 +242,7 @@ def decide_on_rank(rank, port, folders, out):
         built.append(path)
         raise StopIteration  # the decision is made: no need to train
     rlep.build_policy = build_policy
-    rows = rlep.read_rows(cfg.train_file)
+    rows = data.read_rows(cfg.train_file)
     with contextlib.suppress(StopIteration):
         rlep.train(cfg, "phase1", rows, None, None, 0, "base", d, [])
     # rank 1 sees no pool: deciding alone it would go on to collect, and fail
@@ -259,7 +259,7 @@ def test_every_rank_takes_rank_0s_view_of_the_run(tmp_path, free_port):
     pool.parent.mkdir()
     pool.write_text("")
     mp.spawn(decide_on_rank, args=(free_port, folders, str(tmp_path / "built")), nprocs=2)
-    ckpt = rlep.checkpoint_path(os.path.join(folders[0], "phase1"), 2)
+    ckpt = data.checkpoint_path(os.path.join(folders[0], "phase1"), 2)
     for rank in (0, 1):
         assert torch.load(tmp_path / f"built.{rank}")["built"] == [ckpt]
 
@@ -280,7 +280,7 @@ def test_the_phase_one_policy_is_freed_when_its_part_ends(tiny_engine, tiny_mode
     cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(tmp_path), "--val_every", "0"])
     cfg.phase1_steps = 1
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    rows = rlep.read_rows(cfg.train_file)
+    rows = data.read_rows(cfg.train_file)
     d = rlep.setup_distributed()
     rlep.train(cfg, "phase1", rows, tiny_engine, tokenizer, tokenizer.eos_token_id, tiny_model,
                d, [])

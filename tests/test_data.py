@@ -10,6 +10,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+import builtin
+import data
 import rlep
 
 
@@ -28,7 +30,7 @@ def dapo_row(problem, answer, candidates=None):
 
 
 def test_reads_plain_and_dapo_rows_and_deduplicates(tmp_path):
-    rows = rlep.read_rows(write_jsonl(tmp_path / "a.jsonl", [{"problem": "1+1?", "answer": "2"},
+    rows = data.read_rows(write_jsonl(tmp_path / "a.jsonl", [{"problem": "1+1?", "answer": "2"},
                                                               {"problem": "1+1?", "answer": "2"},
                                                               {"problem": "2+2?", "answer": 4}]))
     assert [(r["problem"], r["answer"]) for r in rows] == [("1+1?", "2"), ("2+2?", "4")]
@@ -36,12 +38,12 @@ def test_reads_plain_and_dapo_rows_and_deduplicates(tmp_path):
                                   dapo_row("What is 3+4?", "7"),
                                   dapo_row("What is 5+4?", "9")])
     pq.write_table(table, tmp_path / "d.parquet")
-    rows = rlep.read_rows(str(tmp_path / "d.parquet"))
+    rows = data.read_rows(str(tmp_path / "d.parquet"))
     assert len(rows) == 2
     assert rows[0]["prompt"] == [{"role": "user", "content": "What is 3+4?"}]
     assert rows[0]["answer"] == "7" and rows[0]["responses"] == ["Answer: 7", "so 7"]
     assert rows[0]["id"] != rows[1]["id"]
-    assert [r["id"] for r in rlep.load_pool(str(tmp_path / "d.parquet"))] == [rows[0]["id"]]
+    assert [r["id"] for r in data.load_pool(str(tmp_path / "d.parquet"))] == [rows[0]["id"]]
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -56,7 +58,7 @@ def test_reads_plain_and_dapo_rows_and_deduplicates(tmp_path):
 def test_bad_rows_stop_with_file_row_and_field(tmp_path, bad, message):
     path = write_jsonl(tmp_path / "bad.jsonl", [{"problem": "ok", "answer": "1"}, bad])
     with pytest.raises(ValueError, match=message) as info:
-        rlep.read_rows(path)
+        data.read_rows(path)
     assert "bad.jsonl" in str(info.value)
 
 
@@ -64,11 +66,11 @@ def test_bad_json_and_missing_files(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"problem": "a", "answer": "1"}\n{"problem": \n')
     with pytest.raises(ValueError, match=r"broken.jsonl: row 2: not valid JSON"):
-        rlep.read_rows(str(path))
+        data.read_rows(str(path))
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        rlep.read_rows(str(tmp_path / "nope.jsonl"))
+        data.read_rows(str(tmp_path / "nope.jsonl"))
     with pytest.raises(ValueError, match="no row has pooled responses"):
-        rlep.load_pool(write_jsonl(tmp_path / "p.jsonl", [{"problem": "a", "answer": "1"}]))
+        data.load_pool(write_jsonl(tmp_path / "p.jsonl", [{"problem": "a", "answer": "1"}]))
 
 
 def test_pool_round_trip(tmp_path):
@@ -77,8 +79,8 @@ def test_pool_round_trip(tmp_path):
             {"id": "b", "problem": "q", "answer": "3", "responses": ["Answer: 3", "Answer: 3"],
              "prompt": [{"role": "user", "content": "q"}]}]
     path = str(tmp_path / "pool.jsonl")
-    rlep.save_pool(path, rows)
-    assert rlep.load_pool(path) == rows
+    data.save_pool(path, rows)
+    assert data.load_pool(path) == rows
 
 
 def test_replay_draws_are_without_replacement_and_take_all_when_few():
@@ -118,7 +120,7 @@ def test_every_flag_has_its_fields_help_and_its_choices_are_enforced(capsys):
     assert all(flag["help"].strip() for flag in flags.values())
     choices = {name: flag["choices"] for name, flag in flags.items() if "choices" in flag}
     assert choices == {"phase1_prompts": ["all", "pool"], "phase2_prompts": ["pool", "all"],
-                       "replay_loss": ["group", "nll"], "verify_mode": ["dapo", "default"],
+                       "replay_loss": ["group", "nll"], "verify_mode": ["dapo", "equivalence"],
                        "phase": ["all", "1", "collect", "2"],
                        "preset": ["paper", "tiny", "cpu", "cpu-hard"]}
     assert set(choices["preset"]) == set(rlep.presets)
@@ -162,11 +164,11 @@ def test_token_logprobs_match_a_direct_forward(share_prompts):
 def test_compute_dtype_is_the_faster_one_measured_here(monkeypatch, tiny_model):
     cpu = torch.device("cpu")
     # --dtype always wins; a GPU takes bf16 without a measurement
-    assert rlep.resolve_dtype("float32", torch.device("cuda"), tiny_model).dtype == "float32"
-    gpu = rlep.resolve_dtype("auto", torch.device("cuda"), tiny_model)
+    assert builtin.resolve_dtype("float32", torch.device("cuda"), tiny_model).dtype == "float32"
+    gpu = builtin.resolve_dtype("auto", torch.device("cuda"), tiny_model)
     assert gpu.dtype == "bfloat16" and gpu.gflops == {}
     # the real measurement: both speeds positive, the choice follows them
-    real = rlep.resolve_dtype("auto", cpu, tiny_model)
+    real = builtin.resolve_dtype("auto", cpu, tiny_model)
     assert set(real.gflops) == {"float32", "bfloat16"} and min(real.gflops.values()) > 0
     faster = real.gflops["bfloat16"] >= 1.5 * real.gflops["float32"]
     assert real.dtype == ("bfloat16" if faster else "float32")
@@ -174,8 +176,8 @@ def test_compute_dtype_is_the_faster_one_measured_here(monkeypatch, tiny_model):
     # bf16 only where it pays: 1.5x the float32 speed
     for bf16_speed, expected in ((100.0, "float32"), (149.0, "float32"), (150.0, "bfloat16")):
         speeds = {"float32": 100.0, "bfloat16": bf16_speed}
-        monkeypatch.setattr(rlep, "linear_gflops", lambda name, path: speeds[name])
-        choice = rlep.resolve_dtype("auto", cpu, tiny_model)
+        monkeypatch.setattr(builtin, "linear_gflops", lambda name, path: speeds[name])
+        choice = builtin.resolve_dtype("auto", cpu, tiny_model)
         assert choice.dtype == expected and str(int(bf16_speed)) in choice.why
 
 
@@ -184,9 +186,9 @@ def test_paper_preset_grades_with_the_paper_rule(tiny_model):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     paper = rlep.parse_config(["--preset", "paper"])
     cpu = rlep.parse_config(["--preset", "cpu"])
-    assert paper.verify_mode == "dapo" and cpu.verify_mode == "default"
-    assert (rlep.parse_config(["--preset", "paper", "--verify_mode", "default"]).verify_mode
-            == "default")
+    assert paper.verify_mode == "dapo" and cpu.verify_mode == "equivalence"
+    assert (rlep.parse_config(["--preset", "paper", "--verify_mode", "equivalence"]).verify_mode
+            == "equivalence")
     row = {"id": "q", "problem": "3+4", "answer": "7"}
     prompt = tokenizer("3+4")["input_ids"]
     boxed = tokenizer("so \\boxed{7}")["input_ids"]

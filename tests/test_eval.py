@@ -92,15 +92,16 @@ def test_cli_grades_with_both_rules_and_results_match_a_hand_count(clean_run):
     # each problem once
     assert sorted((r["benchmark"], r["problem"]) for r in samples) == sorted(expected)
     for r in samples:
-        assert sorted(r["correct"]) == ["dapo", "default"]
+        assert sorted(r["correct"]) == ["dapo", "equivalence"]
         assert len(r["responses"]) == len(r["answers"]) == len(r["lengths"]) == 4
         assert r["correct"]["dapo"] == [verify.verify(t, r["gold"], mode="dapo")
                                         for t in r["responses"]]
-        assert r["correct"]["default"] == [verify.verify(t, r["gold"]) for t in r["responses"]]
+        assert r["correct"]["equivalence"] == [verify.verify(t, r["gold"])
+                                               for t in r["responses"]]
         assert r["answers"] == [verify.extract_answer(t) for t in r["responses"]]
     # (the paper's verdict, the equivalence checker's) of every sample, per benchmark
     verdicts = {name: [(p, q) for r in samples if r["benchmark"] == name
-                       for p, q in zip(r["correct"]["dapo"], r["correct"]["default"])]
+                       for p, q in zip(r["correct"]["dapo"], r["correct"]["equivalence"])]
                 for name in ("sums", "doubles")}
     # "Answer: 3" for 3
     assert any(p for p, _ in verdicts["sums"]) and not all(q for _, q in verdicts["sums"])
@@ -109,7 +110,7 @@ def test_cli_grades_with_both_rules_and_results_match_a_hand_count(clean_run):
     for name in ("sums", "doubles"):
         rows = [r for r in samples if r["benchmark"] == name]
         assert results[name]["problems"] == len(rows) and results[name]["samples_per_problem"] == 4
-        for rule, label in (("dapo", "paper (dapo)"), ("default", "equivalence")):
+        for rule, label in (("dapo", "paper (dapo)"), ("equivalence", "equivalence")):
             verdicts = [c for r in rows for c in r["correct"][rule]]
             assert results[name][rule]["avg@4"] == pytest.approx(sum(verdicts) / len(verdicts))
             for k in (1, 2, 4):
@@ -136,15 +137,15 @@ def test_a_boxed_only_answer_is_right_by_equivalence_and_wrong_by_the_paper_rule
         records.append(eval.grade_both(record))
     assert [r["correct"] for r in records] == [
         # \boxed{7}: only equivalence
-        {"dapo": [True, False, False, False], "default": [True, True, False, False]},
-        {"dapo": [True, True, False, False], "default": [True, True, True, False]}]
+        {"dapo": [True, False, False, False], "equivalence": [True, True, False, False]},
+        {"dapo": [True, True, False, False], "equivalence": [True, True, True, False]}]
     results = {"hand": eval.summarize(records)}
     # the paper's rule: 1 + 2 of 8 right;
     # pass@2 = mean(1 - C(3,2)/C(4,2), 1 - C(2,2)/C(4,2)) = mean(1/2, 5/6)
     assert results["hand"]["dapo"] == pytest.approx({"avg@4": 3 / 8, "pass@1": 3 / 8,
                                                      "pass@2": 2 / 3, "pass@4": 1})
     # equivalence: 2 + 3 of 8; pass@2 = mean(1 - 1/6, 1)
-    assert results["hand"]["default"] == pytest.approx({"avg@4": 5 / 8, "pass@1": 5 / 8,
+    assert results["hand"]["equivalence"] == pytest.approx({"avg@4": 5 / 8, "pass@1": 5 / 8,
                                                         "pass@2": 11 / 12, "pass@4": 1})
     # no answer: the empty response
     assert results["hand"]["mean_length"] == 4.5 and results["hand"]["no_answer"] == 1 / 8
@@ -200,13 +201,14 @@ def test_several_checkpoints_give_one_folder_each_and_a_curve(clean_run, tiny_mo
     with open(out / "curve.csv") as f:
         header, *rows = [line.strip().split(",") for line in f]
     assert header[:2] == ["phase", "step"] and header[3:] == [
-        "sums dapo avg@4", "sums default avg@4", "doubles dapo avg@4", "doubles default avg@4"]
+        "sums dapo avg@4", "sums equivalence avg@4", "doubles dapo avg@4",
+        "doubles equivalence avg@4"]
     assert [(r[0], int(r[1])) for r in rows] == [("phase1", 2), ("phase2", 4)]
     for (phase, step), row in zip([("phase1", 2), ("phase2", 4)], rows):
         results = json.load(open(out / phase / f"step_{step:06d}" / "results.json"))
         assert [float(v) for v in row[3:]] == [results[b][rule]["avg@4"]
                                                for b in ("sums", "doubles")
-                                               for rule in ("dapo", "default")]
+                                               for rule in ("dapo", "equivalence")]
     clean = read_jsonl(os.path.join(clean_run[0], "samples.jsonl"))
     key = lambda r: (r["benchmark"], r["id"])
     assert (sorted(read_jsonl(out / "phase2" / "step_000004" / "samples.jsonl"), key=key)
@@ -272,6 +274,30 @@ def test_other_settings_refuse_to_resume_and_new_tokens_fit_the_context(clean_ru
         assert (cfg.max_prompt_len, cfg.max_response_len) == expected
 
 
+def test_a_folder_of_the_older_rule_name_resumes_without_sampling_again(clean_run, tiny_model,
+                                                                        data_files, tmp_path):
+    """eval.py named the equivalence rule "default" before: its finished folder is reused, its
+    records read under the new name, and nothing is sampled again."""
+    out = tmp_path / "old"
+    shutil.copytree(clean_run[0], out)
+    settings = json.load(open(out / "settings.json"))
+    (out / "settings.json").write_text(json.dumps({**settings, "rules": ["dapo", "default"]}))
+    records = read_jsonl(out / "samples.jsonl")
+    for r in records:
+        r["correct"]["default"] = r["correct"].pop("equivalence")
+    (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = eval.parse_args(["--model", tiny_model, *data_args(data_files), *sampling,
+                            "--out_dir", str(out)])
+    benchmarks = eval.load_benchmarks(args.data)
+    results, engine = eval.evaluate(tiny_model, benchmarks, args, rlep.setup_distributed(),
+                                    str(out))
+    # every problem was done: no engine was built
+    assert engine is None
+    assert results == json.load(open(os.path.join(clean_run[0], "results.json")))
+    assert all(sorted(r["correct"]) == ["dapo", "equivalence"]
+               for r in read_jsonl(out / "samples.jsonl"))
+
+
 def write_metrics(path, curves, every=5):
     """An rlep.py part's metrics.jsonl: a row per step, the validation metrics every `every` steps
     and at step 0."""
@@ -309,7 +335,7 @@ def test_compare_prints_rlep_comparison_table_and_draws_a_panel_per_metric(tmp_p
     monkeypatch.setattr(data, "save_plot", recording_save_plot)
     eval.main(["--compare", *runs, "--out_dir", str(tmp_path / "out")])
     printed = capsys.readouterr().out
-    assert rlep.comparison_table(runs) in printed
+    assert data.comparison_table(runs) in printed
     # by hand: the peak is the earliest highest point; "reaches it at" the first RLEP step at or
     # above it
     hand_rows = [

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import data
 import rlep
 
 
@@ -72,8 +73,8 @@ def test_training_through_the_gpu_call_sequence_keeps_the_logprob_gap_at_float32
     cfg.phase1_steps = 3
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     d = rlep.setup_distributed()
-    rows = rlep.read_rows(cfg.train_file)
-    val_rows = rlep.read_rows(cfg.val_file)[:8]
+    rows = data.read_rows(cfg.train_file)
+    val_rows = data.read_rows(cfg.val_file)[:8]
     sleeping.sleep()  # as main() does: the trainer gets the memory first
     rlep.train(cfg, "phase1", rows, sleeping, tokenizer, tokenizer.eos_token_id, tiny_model, d,
                val_rows)

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM
 
-import data
+import builtin
 import rlep
 
 
@@ -51,7 +51,7 @@ def test_rank_zero_alone_reads_the_weights_and_every_rank_gets_them(tmp_path_fac
                                                                     free_port):
     cache = tmp_path_factory.mktemp("cache")
     model_dir = tmp_path_factory.mktemp("smollm2") / "bf16"
-    converted = AutoModelForCausalLM.from_pretrained(data.resolve_model("builtin:smollm2",
+    converted = AutoModelForCausalLM.from_pretrained(builtin.resolve_model("builtin:smollm2",
                                                                          str(cache)))
     converted.to(torch.bfloat16).save_pretrained(model_dir)
     del converted

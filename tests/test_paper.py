@@ -16,6 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import builtin
 import data
 import rlep
 import verify
@@ -445,7 +446,7 @@ def run_part(monkeypatch, tmp_path, tiny_model, tokenizer, part, rows, *flags):
              after=lambda call, _: replays.append((len([e for e in events if e[0] == "step"]),
                                                    call["row"]["id"], list(call["replays"]))))
     engine = StubEngine(tokenizer)
-    val_rows = rlep.read_rows(cfg.val_file)[:3]
+    val_rows = data.read_rows(cfg.val_file)[:3]
     rlep.train(cfg, part, rows, engine, tokenizer, tokenizer.eos_token_id, tiny_model, single,
                val_rows, replay=part == "phase2")
     return engine, events, replays
@@ -467,7 +468,7 @@ def two_parts(tiny_model, tmp_path_factory, tokenizer):
     validated every step."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         tmp = tmp_path_factory.mktemp("parts")
-        train_rows = rlep.read_rows(tiny().train_file)
+        train_rows = data.read_rows(tiny().train_file)
         flags = ["--phase1_steps", "3", "--phase2_steps", "3", "--val_every", "1",
                  "--warmup_steps", "2", "--lr", "0.01", "--replay_m", "2"]
         one = run_part(monkeypatch, tmp, tiny_model, tokenizer, "phase1", train_rows, *flags)
@@ -534,7 +535,7 @@ def test_replays_are_drawn_anew_at_every_visit_without_replacement(two_parts):
 ])
 def test_updates_per_step(monkeypatch, tmp_path, tiny_model, tokenizer, part, equal_updates,
                           expected):
-    rows = rlep.read_rows(tiny().train_file)
+    rows = data.read_rows(tiny().train_file)
     if part == "phase2":
         rows = pool_rows(rows, 8, 3)
     flags = ["--phase1_steps", "1", "--phase2_steps", "1", "--val_every", "0", "--n", "8",
@@ -550,7 +551,7 @@ def fake_checkpoint(part_dir, step, model_path, shift):
     with torch.no_grad():
         for p in model.parameters():
             p += shift
-    folder = rlep.checkpoint_path(str(part_dir), step)
+    folder = data.checkpoint_path(str(part_dir), step)
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(model_path).save_pretrained(folder)
     torch.save({"step": step, "torch_rng": torch.get_rng_state()},
@@ -564,8 +565,8 @@ def test_the_collection_samples_collect_steps_checkpoint_with_its_k_t_and_top_p(
                "--collect_k", "6", "--collect_temperature", "0.55", "--collect_top_p", "0.85",
                "--min_successes", "3", "--prompts_per_step", "4")
     for step in (2, 4):
-        os.makedirs(rlep.checkpoint_path(str(tmp_path / "phase1"), step))
-    rows = rlep.read_rows(cfg.train_file)[:6]
+        os.makedirs(data.checkpoint_path(str(tmp_path / "phase1"), step))
+    rows = data.read_rows(cfg.train_file)[:6]
     rank = {row["problem"]: i for i, row in enumerate(rows)}
 
     def reply(problem, j):  # the i-th prompt: i answers of K right
@@ -573,11 +574,11 @@ def test_the_collection_samples_collect_steps_checkpoint_with_its_k_t_and_top_p(
         return f"{j} so\nAnswer: {gold if j < rank[problem] else gold + 10}"
     engine = StubEngine(tokenizer, reply)
     rlep.collect(cfg, rows, engine, tokenizer, tokenizer.eos_token_id, single)
-    assert engine.loads == [rlep.checkpoint_path(str(tmp_path / "phase1"), 2)]
+    assert engine.loads == [data.checkpoint_path(str(tmp_path / "phase1"), 2)]
     assert engine.calls and sum(len(c["prompts"]) for c in engine.calls) == 6
     for call in engine.calls:
         assert (call["n"], call["temperature"], call["top_p"]) == (6, 0.55, 0.85)
-    pool = rlep.load_pool(str(tmp_path / "collect" / "pool.jsonl"))
+    pool = data.load_pool(str(tmp_path / "collect" / "pool.jsonl"))
     # prompts with >= min_successes = 3 verified answers, each with only its right ones
     assert [row["id"] for row in pool] == [row["id"] for row in rows[3:]]
     for row in pool:
@@ -590,7 +591,7 @@ def quiet_main(monkeypatch, tokenizer):
     """rlep.main with the stand-in engine and no speed measurement; returns the engine."""
     engine = StubEngine(tokenizer)
     monkeypatch.setattr(rlep, "build_engine", lambda *args, **kwargs: engine)
-    monkeypatch.setattr(rlep, "linear_gflops", lambda *args, **kwargs: 100.0)
+    monkeypatch.setattr(builtin, "linear_gflops", lambda *args, **kwargs: 100.0)
     return engine
 
 
@@ -605,9 +606,9 @@ def test_phase_two_starts_from_the_base_models_weights(tmp_path, tiny_model, mon
     out = tmp_path / "run"
     for step, shift in ((2, 0.01), (4, 0.02)):
         fake_checkpoint(out / "phase1", step, tiny_model, shift)
-    train_rows = rlep.read_rows(tiny().train_file)
+    train_rows = data.read_rows(tiny().train_file)
     os.makedirs(out / "collect")
-    rlep.save_pool(str(out / "collect" / "pool.jsonl"), pool_rows(train_rows, 8, 3))
+    data.save_pool(str(out / "collect" / "pool.jsonl"), pool_rows(train_rows, 8, 3))
     built = []
     real_build = rlep.build_policy
 

@@ -28,7 +28,10 @@ def test_rescued_counts_a_group_whose_fresh_samples_all_fail_and_a_replay_is_rig
         for s in group:
             s.row_id = name
     update = {"trained_tokens": 0, "trained_response_tokens": 0}
-    counts = data.step_counts(list(groups.values()), tokenizer, cfg, [0], update)
+    groups = list(groups.values())
+    visits = [rlep.visit(group) for group in groups]
+    counts = data.step_counts(groups, visits, rlep.logprob_gaps(groups), tokenizer, cfg, [0],
+                              update)
     record = data.step_record([counts])
     assert record["rescued"] == 1
     # of the three visits to pooled prompts (with replays), one was rescued
@@ -93,13 +96,13 @@ def test_phase_two_on_all_prompts_visits_unpooled_ones_without_replays(tiny_mode
                              "--phase2_prompts", "all"])
     cfg.phase2_steps = 3
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    train_rows = rlep.read_rows(cfg.train_file)
+    train_rows = data.read_rows(cfg.train_file)
     pooled = train_rows[::4]
     pool = [{**row, "responses": [f"Answer: {row['answer']}"] * 3} for row in pooled]
     d = rlep.setup_distributed()
     rlep.phase_two(cfg, pool, train_rows, tiny_engine, tokenizer, tokenizer.eos_token_id,
                    tiny_model, d, [])
-    rows = rlep.read_jsonl(str(tmp_path / "phase2" / "metrics.jsonl"))
+    rows = data.read_jsonl(str(tmp_path / "phase2" / "metrics.jsonl"))
     visits = [v for r in rows for v in r["visits"]]
     assert len(visits) == 3 * cfg.prompts_per_step
     in_pool = {row["id"] for row in pooled}

@@ -32,6 +32,17 @@ def test_t_quantiles_match_the_95_table_and_known_values():
     assert test["p"] == pytest.approx(1 - study.t_central(t, 7))
 
 
+def test_the_raw_interval_beyond_the_table_takes_the_exact_quantile():
+    # 12 seeds, df 11: t(0.975, 11) = 2.2010 (printed tables), not the normal's 2.0
+    values = [0.01 * i for i in range(12)]
+    mean, low, high = study.t95_bounds(values)
+    se = np.std(values, ddof=1) / math.sqrt(12)
+    assert (high - mean) / se == pytest.approx(2.2010, abs=1e-4)
+    # within the table: its two-decimal value, as the plan states (df 7: 2.36)
+    mean, low, high = study.t95_bounds(values[:8])
+    assert (high - mean) / (np.std(values[:8], ddof=1) / math.sqrt(8)) == pytest.approx(2.36)
+
+
 def test_holm_against_a_hand_example():
     # sorted: 0.005 (x4 = 0.02, <= 0.0125: rejected), 0.01 (x3 = 0.03, <= 0.0167: rejected),
     # 0.03 (x2 = 0.06, > 0.025: stops here), 0.04 (x1, running max 0.06: kept at 0.025)

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+import data
 import rlep
 
 cpu = torch.device("cpu")
@@ -129,9 +130,9 @@ def test_resume_hands_torch_a_cpu_rng_state(tiny_model, tmp_path, monkeypatch):
     rlep.ppo_update(policy, optimizer, make_groups(4, cfg.n, seed=2), 64, cfg, d, 0, seed=0)
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    rlep.save_checkpoint(str(tmp_path), 1, policy, optimizer, tokenizer, cfg, d)
-    ckpt = rlep.checkpoint_path(str(tmp_path), 1)
-    assert rlep.latest_checkpoint(str(tmp_path)) == (1, ckpt)
+    data.save_checkpoint(str(tmp_path), 1, policy, optimizer, tokenizer, cfg, d)
+    ckpt = data.checkpoint_path(str(tmp_path), 1)
+    assert data.latest_checkpoint(str(tmp_path)) == (1, ckpt)
     real_load = torch.load
     handed = []
 
@@ -144,7 +145,7 @@ def test_resume_hands_torch_a_cpu_rng_state(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", device_load)
     monkeypatch.setattr(torch, "set_rng_state", handed.append)
     resumed, resumed_optimizer = rlep.build_policy(ckpt, cfg, d)
-    rlep.load_trainer_state(ckpt, resumed, resumed_optimizer)
+    data.load_trainer_state(ckpt, resumed, resumed_optimizer)
     assert len(handed) == 1 and handed[0].device.type == "cpu" and handed[0].dtype == torch.uint8
     for p, q in zip(policy.parameters(), resumed.parameters()):
         assert torch.equal(p, q)

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import verify as verify_module  # noqa: E402
-from verify import extract_answer, verify, verify_many  # noqa: E402
+from verify import extract_answer, verify  # noqa: E402
 
 
 @pytest.mark.parametrize("response, expected", [
@@ -169,9 +169,15 @@ def test_dapo_mode_is_exact_match_on_the_answer_line():
     assert not verify("Answer: 7" + "." * 300, "7", mode="dapo")
 
 
-def test_verify_many():
-    assert (verify_many([r"\boxed{2}", "Answer: 3", "nothing"], ["2", "4", "1"])
-            == [True, False, False])
+def test_the_rule_is_named_and_the_old_name_of_equivalence_still_works():
+    # "default" was "equivalence"'s name in older configs
+    for mode in ("equivalence", "default"):
+        assert verify("Answer: 2.0", "2", mode=mode)
+    # the paper's rule compares strings
+    assert not verify("Answer: 2.0", "2", mode="dapo")
+    # a misspelt rule is an error, not a silent equivalence check
+    with pytest.raises(ValueError, match="verify mode 'dapo ': use 'equivalence' or 'dapo'"):
+        verify("Answer: 2", "2", mode="dapo ")
 
 
 def _hanging_worker():

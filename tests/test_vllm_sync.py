@@ -5,6 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import data
 import rlep
 
 
@@ -33,7 +34,7 @@ def test_vllm_logprobs_match_trainer_before_and_after_push(engine, tiny_model):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     prompts = [rlep.render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)
-               for row in rlep.read_rows("builtin:tiny:val")[:4]]
+               for row in data.read_rows("builtin:tiny:val")[:4]]
     engine.load(model)
     samples = vllm_samples(engine, prompts, seed=1)
     assert max_logprob_gap(model, samples) < 1e-4
