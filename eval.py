@@ -177,7 +177,7 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
         else:
             # one engine per process: tearing one down closes the process group that torchrun's
             # ranks share. Loading also drops the cached prompt KV of the previous weights.
-            engine.load(path=model_dir)
+            engine.push(path=model_dir)
     for name, rows in todo.items():
         chunks = range(0, len(rows), args.chunk_problems)
         desc = f"{name} ({len(rows)} to sample)"

@@ -276,19 +276,19 @@ def seed_for(*keys) -> int:
     digest = hashlib.sha256(repr(keys).encode()).digest()
     return int.from_bytes(digest[:4], "little") >> 1
 
-# seconds per part of this process's run: the time table at its end
+# seconds per activity: the time table at the run's end
 time_spent = collections.Counter()
 # base model -> its validation at step 0: one run's phases share it
 base_scores = {}
 
 @contextlib.contextmanager
-def clock(part: str, step_times: dict = None):
+def clock(activity: str, step_times: dict = None):
     start = time.perf_counter()
     yield
     seconds = time.perf_counter() - start
-    time_spent[part] += seconds
+    time_spent[activity] += seconds
     if step_times is not None:
-        step_times[f"t_{part}"] = seconds
+        step_times[f"t_{activity}"] = seconds
 
 # ---------------------------------------------------------------------------
 # Data: rows {"id", "problem", "answer" [, "prompt" (chat), "responses" (a pool's)]}, read
@@ -334,8 +334,8 @@ def float64_sum(tensor: torch.Tensor, chunk: int = 1 << 24) -> float:
     """Σ in float64, a chunk at a time: sum(dtype=float64) would first cast the whole
     tensor (4.4 GB for 7B's embedding)."""
     flat = tensor.reshape(-1)
-    parts = [flat[i:i + chunk].sum(dtype=torch.float64) for i in range(0, flat.numel(), chunk)]
-    return float(sum(part.item() for part in parts))
+    sums = [flat[i:i + chunk].sum(dtype=torch.float64) for i in range(0, flat.numel(), chunk)]
+    return float(sum(s.item() for s in sums))
 
 def engine_name(name: str) -> str:
     """The vLLM parameter a trainer weight loads into: q/k/v fuse into qkv_proj, gate/up
@@ -381,7 +381,7 @@ class Engine:
         if self.sleeps:
             self.llm.sleep(level=2)
 
-    def load(self, model: torch.nn.Module = None, path: str = None):
+    def push(self, model: torch.nn.Module = None, path: str = None):
         """The trainer's weights (a full tensor at a time, FSDP gathering each), or a
         checkpoint folder, loaded in place."""
         if self.llm.llm_engine.is_sleeping():
@@ -467,18 +467,18 @@ def sample_and_grade(engine: Engine, tokenizer, rows: list[dict], k: int, cfg: C
                      top_p: float = None, progress: bool = False, keep=None) -> list[dict]:
     """k graded responses per row, the rows sharded over ranks (validation, eval.py, the
     collection); every rank gets every record (or what keep(record) keeps), in row order."""
-    mine = rows[d.rank::d.world_size]
+    my_rows = rows[d.rank::d.world_size]
     temperature = cfg.temperature if temperature is None else temperature
     top_p = cfg.top_p if top_p is None else top_p
     prompts = [render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)
-               for row in mine]
-    seeds = [seed_for(*seed_key, row["id"]) for row in mine]
+               for row in my_rows]
+    seeds = [seed_for(*seed_key, row["id"]) for row in my_rows]
     completions = []
-    if mine:
+    if my_rows:
         completions = engine.generate(prompts, k, temperature, top_p, cfg.max_response_len,
                                       stop_ids, seeds, progress=progress and d.master_process)
     records = []
-    for row, group in zip(mine, completions):
+    for row, group in zip(my_rows, completions):
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
         correct = [verify.verify(t, row["answer"], mode=cfg.verify_mode) for t in texts]
         record = {"id": row["id"], "problem": row["problem"], "gold": row["answer"],
@@ -639,14 +639,14 @@ def collate(samples: list[Sample], pad_id: int, device, share_prompts: bool = Fa
     With share_prompts a row holds a prompt once, then each of its responses, each seeing
     only the prompt and itself (a block-causal mask): the prompt's forward and backward
     run once, not n times. Otherwise the mask stays 2-D (fused attention kernels)."""
-    rows = collections.defaultdict(list)  # row key -> the indices of its samples
+    members = collections.defaultdict(list)  # row key -> the indices of its samples
     for i, s in enumerate(samples):
-        rows[tuple(s.prompt_ids) if share_prompts else i].append(i)
+        members[tuple(s.prompt_ids) if share_prompts else i].append(i)
     # per row: tokens, positions, segments (0: the prompt, j: its j-th response)
     tokens, positions, segments = [], [], []
     # per sample: the (row, column) of the state that predicts each of its tokens
     sources = [None] * len(samples)
-    for ids in rows.values():
+    for ids in members.values():
         prompt = samples[ids[0]].prompt_ids
         p = len(prompt)
         r = len(tokens)
@@ -664,8 +664,8 @@ def collate(samples: list[Sample], pad_id: int, device, share_prompts: bool = Fa
             segments[r] += [j + 1] * len(completion)
     length = max(map(len, tokens))
 
-    def pad(rows, value):  # -> (R, L)
-        return torch.tensor([row + [value] * (length - len(row)) for row in rows])
+    def pad(lists, value):  # -> (R, L)
+        return torch.tensor([x + [value] * (length - len(x)) for x in lists])
 
     segments = pad(segments, -1)  # (R, L), -1 on padding
     query, key = segments.unsqueeze(2), segments.unsqueeze(1)  # (R, L, 1), (R, 1, L)
@@ -756,14 +756,14 @@ def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int,
     split = split_micro_batches(row_lengths, cfg.micro_batch_size, cfg.micro_batch_tokens)
     return [[held[j] for j in micro] for micro in split]
 
-def build_mini_batch(positions, mine: dict, sizes: dict, cfg: Config, d: Dist,
+def build_mini_batch(positions, my_groups: dict, sizes: dict, cfg: Config, d: Dist,
                      pad_id: int) -> MiniBatch:
     """This rank's micro-batches of the prompts at `positions`, as tensors."""
     plans = [rank_micro_batches(positions, sizes, r, d.world_size, cfg)
              for r in range(d.world_size)]
     micro = []
     for pairs in plans[d.rank]:
-        samples = [mine[p][i] for p, i in pairs]
+        samples = [my_groups[p][i] for p, i in pairs]
         micro.append(collate(samples, pad_id, d.device, cfg.share_prompts))
     # Lockstep: FSDP2 gathers the weights in every forward and reduces the gradients in
     # every backward, so every rank runs as many passes as the busiest. The others run
@@ -791,9 +791,9 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
     # a cache of bf16 weight copies would cost 13 GiB for 7B
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
-    mine = {j * d.world_size + d.rank: g for j, g in enumerate(groups)}  # position -> group
+    my_groups = {j * d.world_size + d.rank: g for j, g in enumerate(groups)}  # position -> group
     my_sizes = []
-    for position, group in mine.items():
+    for position, group in my_groups.items():
         response_tokens = sum(len(s.completion_ids) for s in group)
         row_lengths = tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group)
         my_sizes.append(GroupSize(position, response_tokens, row_lengths))
@@ -803,7 +803,7 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
         runs = plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))
-        mini_batches = [build_mini_batch(positions, mine, sizes, cfg, d, pad_id)
+        mini_batches = [build_mini_batch(positions, my_groups, sizes, cfg, d, pad_id)
                         for positions in runs]
         if epoch == 0:
             # π_θold of every sequence, replays included, in one no-grad pass before any
@@ -954,8 +954,8 @@ def make_groups(cfg: Config, part: str, step: int, rows: list[dict], engine: Eng
     return groups
 
 def visit(group: list[Sample]) -> dict:
-    """A prompt's visit, as metrics.jsonl keeps it. RLEP: rescued when every fresh
-    rollout is wrong and a replay right: the group's only signal is the replays'."""
+    """A prompt's visit, for metrics.jsonl. RLEP: rescued when every fresh rollout
+    is wrong and a replay right: the group's only signal is the replays'."""
     fresh_correct = sum(s.correct for s in group if not s.replay)
     replays = [s for s in group if s.replay]
     rescued = fresh_correct == 0 and any(s.correct for s in replays)  # RLEP
@@ -963,8 +963,8 @@ def visit(group: list[Sample]) -> dict:
             "replays": len(replays), "rescued": rescued}
 
 def logprob_gaps(groups: list[list[Sample]]) -> list[float]:
-    """|log π_θold - vLLM's sampling log-prob| per fresh token: stale weights, a wrong
-    temperature or stop, a precision drift show here."""
+    """|log π_θold - vLLM's log-prob| per fresh token: stale weights, a wrong T or
+    stop, a precision drift show here."""
     fresh = [s for g in groups for s in g if not s.replay]
     # one copy to the host
     old = torch.cat([s.old_logprobs for s in fresh]).tolist() if fresh else []
@@ -1001,7 +1001,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
     stop_ids = [end_id]
     pad_id = end_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     with clock("push"):
-        engine.load(policy.model)
+        engine.push(policy.model)
 
     # the curve starts at the base model, validated once for both phases
     if start == 0 and cfg.val_every:
@@ -1029,12 +1029,12 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
             stats = ppo_update(policy, optimizer, groups, sequences_per_update, cfg, d,
                                pad_id, update_seed)
         with clock("push", times):
-            engine.load(policy.model)
+            engine.push(policy.model)
 
         visits = [visit(group) for group in groups]
-        mine = step_counts(groups, visits, logprob_gaps(groups), tokenizer=tokenizer,
-                           cfg=cfg, stop_ids=stop_ids, update=stats)
-        counts = gather_lists([mine], d)
+        my_counts = step_counts(groups, visits, logprob_gaps(groups), tokenizer=tokenizer,
+                                cfg=cfg, stop_ids=stop_ids, update=stats)
+        counts = gather_lists([my_counts], d)
         # after stats: step_record's sums over ranks replace this rank's token counts
         record = {"step": step + 1, "lr": lr, **stats, **step_record(counts), **times}
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
@@ -1081,7 +1081,7 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
                disable=not (cfg.progress and d.master_process))
     with clock("collection"):
         # RLEP: the seed policy, read by vLLM in its own dtype (no trainer copy)
-        engine.load(path=ckpt)  # RLEP
+        engine.push(path=ckpt)  # RLEP
         for start in range(0, len(todo), cfg.prompts_per_step):
             chunk = todo[start:start + cfg.prompts_per_step]
             records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
@@ -1184,15 +1184,15 @@ def main(argv=None):
             dist.destroy_process_group()
 
     total = time.perf_counter() - started
-    parts = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
+    spent = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
     if not d.master_process:
         return
     if cfg.phase == "all" and cfg.val_every:
         print(comparison_table([cfg.out_dir]))
         print(plot_comparison([cfg.out_dir], os.path.join(cfg.out_dir, "curves.png")))
-    shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in parts.items()]
+    shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()]
     print(f"time: {total:.0f} s | " + " | ".join(shown))
-    timings = json.dumps({"total_s": total, "parts_s": parts,
+    timings = json.dumps({"total_s": total, "parts_s": spent,
                           "linear_gflops": dtype.gflops})
     write_atomic(os.path.join(cfg.out_dir, "timings.json"), timings)
 

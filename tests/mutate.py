@@ -80,8 +80,8 @@ mutations = [
      'train(cfg, "phase2", rows, engine, tokenizer, end_id, checkpoint_path(os.path.join('
      'cfg.out_dir, "phase1"), cfg.collect_step), d, val_rows, replay=True)'),
     # the collection
-    ("collection from phase one's last checkpoint", "rlep.py", "engine.load(path=ckpt)",
-     'engine.load(path=checkpoint_path(os.path.join(cfg.out_dir, "phase1"), '
+    ("collection from phase one's last checkpoint", "rlep.py", "engine.push(path=ckpt)",
+     'engine.push(path=checkpoint_path(os.path.join(cfg.out_dir, "phase1"), '
      "cfg.phase1_steps))"),
     ("collection K ignored", "rlep.py", "cfg.collect_k, cfg, [end_id],", "cfg.n, cfg, [end_id],"),
     ("collection temperature ignored", "rlep.py",

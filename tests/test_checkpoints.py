@@ -184,7 +184,7 @@ def test_the_collection_gathers_only_the_verified_answers(tiny_engine, tiny_mode
     counts), not the K responses of every prompt."""
     cfg = rlep.parse_config(["--preset", "tiny"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    tiny_engine.load(path=tiny_model)
+    tiny_engine.push(path=tiny_model)
     rows = data.read_rows(cfg.train_file)[:6]
     d = rlep.setup_distributed()
     def sample(keep=None):

@@ -100,9 +100,9 @@ def test_a_push_that_misses_a_parameter_fails_loudly(sleeping, tiny_model):
             return {k: v for k, v in model.state_dict().items() if k != "model.norm.weight"}
     sleeping.sleep()
     with pytest.raises(RuntimeError, match=r"in model\.norm\.weight: a parameter the push missed"):
-        sleeping.load(Skipping())
+        sleeping.push(Skipping())
     sleeping.llm.wake_up()
-    sleeping.load(model)  # a whole push passes
+    sleeping.push(model)  # a whole push passes
 
 
 def test_generate_while_asleep_raises_and_shutdown_wakes_first(sleeping, tiny_model):
@@ -115,4 +115,4 @@ def test_generate_while_asleep_raises_and_shutdown_wakes_first(sleeping, tiny_mo
     sleeping.shutdown()
     assert sleeping.llm.calls[-2:] == ["wake all", "shutdown (asleep: [])"]
     # leave the engine sane
-    sleeping.load(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32))
+    sleeping.push(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32))

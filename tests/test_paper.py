@@ -403,7 +403,7 @@ class StubEngine:
     def shutdown(self):
         pass
 
-    def load(self, model=None, path=None):
+    def push(self, model=None, path=None):
         self.loads.append(path)
 
     def generate(self, *args, **kwargs):

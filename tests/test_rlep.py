@@ -215,7 +215,7 @@ def test_fresh_and_replayed_responses_end_with_the_same_token(tiny_model, tiny_e
         rlep.end_token_id(tokenizer, "<|no such token|>")
     # the same weights; this test's tokenizer is the one with <|endoftext|> as EOS
     engine = tiny_engine
-    engine.load(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32))
+    engine.push(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32))
     rows = [{**row, "responses": [f"Answer: {row['answer']}", f"{row['problem']}={row['answer']}"]}
             for row in data.read_rows(cfg.train_file)[:8]]
     prompts = [rlep.render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)

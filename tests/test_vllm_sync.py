@@ -35,7 +35,7 @@ def test_vllm_logprobs_match_trainer_before_and_after_push(engine, tiny_model):
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     prompts = [rlep.render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)
                for row in data.read_rows("builtin:tiny:val")[:4]]
-    engine.load(model)
+    engine.push(model)
     samples = vllm_samples(engine, prompts, seed=1)
     assert max_logprob_gap(model, samples) < 1e-4
     # processed log-probs: vLLM's come after the temperature, like the trainer's logits / T
@@ -52,14 +52,14 @@ def test_vllm_logprobs_match_trainer_before_and_after_push(engine, tiny_model):
         optimizer.zero_grad()
     # the old vLLM log-probs no longer describe the trained model
     assert max_logprob_gap(model, samples) > 1e-2
-    engine.load(model)
+    engine.push(model)
     assert max_logprob_gap(model, vllm_samples(engine, prompts, seed=1)) < 1e-4
 
 
 def test_the_push_guard_catches_a_weight_that_did_not_arrive(engine, tiny_model):
     cfg, engine = engine
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    engine.load(model)
+    engine.push(model)
     with torch.no_grad():
         model.model.norm.weight.mul_(2.0)
 
@@ -69,5 +69,5 @@ def test_the_push_guard_catches_a_weight_that_did_not_arrive(engine, tiny_model)
 
     message = r"differ from the trainer's after a push, in model\.norm\.weight"
     with pytest.raises(RuntimeError, match=message):
-        engine.load(Skipping())
-    engine.load(model)  # a full push passes the guard again
+        engine.push(Skipping())
+    engine.push(model)  # a full push passes the guard again
