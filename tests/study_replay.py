@@ -673,8 +673,10 @@ def plot(out: str, steps, results: dict, names: dict):
     if not shown:
         right.text(0.5, 0.5, "no matched visit had a next visit", ha="center",
                    transform=right.transAxes)
-    right.set(xlabel="next-visit fresh accuracy, difference in points (raw 95 %)",
-              title="mechanism: matched prompts; comparator")
+    # room for the bars' ends and the labels inside the canvas
+    right.margins(x=0.08)
+    right.set(xlabel="next-visit fresh accuracy,\ndifference in points (raw 95 %)",
+              title="the mechanism: matched prompts,\nand the planned comparator")
     path = os.path.join(out, "forest.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
