@@ -117,8 +117,7 @@ def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
     new_tokens = min(args.max_new_tokens, context - prompt_len)
     # bf16 where it is faster (measured on a CPU); the ranks take rank 0's choice
     dtype = rlep.rank0_decides(lambda: builtin.resolve_dtype(args.dtype, d.device, model_dir), d)
-    # the costly rule, "equivalence", grades in sample_and_grade, rank by rank; grade_both adds
-    # "dapo"
+    # equivalence, the costly rule, grades in sample_and_grade rank by rank; grade_both adds dapo
     return rlep.Config(
         model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
         max_prompt_len=prompt_len, max_response_len=new_tokens, stop_token=args.stop_token,
@@ -153,7 +152,7 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
     settings_path = os.path.join(out_dir, "settings.json")
     old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
     # an older eval.py named the equivalence rule "default"
-    old["rules"] = [r.replace("default", "equivalence") for r in old.get("rules", [])]
+    old["rules"] = ["equivalence" if r == "default" else r for r in old.get("rules", [])]
     changed = sorted(key for key in settings if old.get(key) != settings[key])
     if changed:
         raise ValueError(f"{out_dir}: samples made with other settings ({', '.join(changed)}); "

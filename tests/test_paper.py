@@ -395,7 +395,7 @@ class StubEngine:
 
     def __init__(self, tokenizer, reply=half_right):
         self.tokenizer, self.reply = tokenizer, reply
-        self.loads, self.calls = [], []
+        self.pushes, self.calls = [], []
 
     def sleep(self):
         pass
@@ -404,7 +404,7 @@ class StubEngine:
         pass
 
     def push(self, model=None, path=None):
-        self.loads.append(path)
+        self.pushes.append(path)
 
     def generate(self, *args, **kwargs):
         call = bound(rlep.Engine.generate, (self, *args), kwargs)
@@ -574,7 +574,7 @@ def test_the_collection_samples_collect_steps_checkpoint_with_its_k_t_and_top_p(
         return f"{j} so\nAnswer: {gold if j < rank[problem] else gold + 10}"
     engine = StubEngine(tokenizer, reply)
     rlep.collect(cfg, rows, engine, tokenizer, tokenizer.eos_token_id, single)
-    assert engine.loads == [data.checkpoint_path(str(tmp_path / "phase1"), 2)]
+    assert engine.pushes == [data.checkpoint_path(str(tmp_path / "phase1"), 2)]
     assert engine.calls and sum(len(c["prompts"]) for c in engine.calls) == 6
     for call in engine.calls:
         assert (call["n"], call["temperature"], call["top_p"]) == (6, 0.55, 0.85)
