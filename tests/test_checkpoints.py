@@ -6,6 +6,7 @@ rank, the phase-one policy freed before phase two builds its own.
 Run: python -m pytest -q tests/test_checkpoints.py"""
 import contextlib
 import os
+import pickle
 import weakref
 
 import pytest
@@ -180,7 +181,7 @@ def test_phase_one_saves_the_collection_step_between_saves(tiny_engine, tiny_mod
 
 
 def test_the_collection_gathers_only_the_verified_answers(tiny_engine, tiny_model, monkeypatch):
-    """The all-gather of the collection carries progress rows (ids, verified answers, token
+    """The gather of the collection carries progress rows (ids, verified answers, token
     counts), not the K responses of every prompt."""
     cfg = rlep.parse_config(["--preset", "tiny"])
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
@@ -192,12 +193,12 @@ def test_the_collection_gathers_only_the_verified_answers(tiny_engine, tiny_mode
                                      [tokenizer.eos_token_id], d, (1, "collect"), keep=keep)
     full = sample()
     gathered = []
-    real_gather = rlep.gather_lists
+    real_gather = rlep.gather_to_rank0
 
     def spy(items, d):
         gathered.extend(items)
         return real_gather(items, d)
-    monkeypatch.setattr(rlep, "gather_lists", spy)
+    monkeypatch.setattr(rlep, "gather_to_rank0", spy)
     kept = sample(keep=data.progress_row)
     assert gathered == kept and [set(r) for r in kept] == [{"id", "successes", "tokens"}] * 6
     # the same seeded samples: the verified texts of each prompt, the tokens of all 8
@@ -287,3 +288,105 @@ def test_the_phase_one_policy_is_freed_when_its_part_ends(tiny_engine, tiny_mode
     assert len(built) == 1
     policy, optimizer = built[0]
     assert policy() is None and optimizer() is None
+
+
+class AnsweringEngine:
+    """A stand-in for vLLM that answers every prompt k times with its row's gold answer."""
+
+    def __init__(self, tokenizer, answers: dict):
+        self.tokenizer = tokenizer
+        self.answers = answers  # prompt token ids -> the gold answer's text
+
+    def push(self, model=None, path=None):
+        pass
+
+    def sleep(self):
+        pass
+
+    def generate(self, prompts, n, *args, **kwargs):
+        groups = []
+        for prompt in prompts:
+            ids = self.tokenizer.encode(self.answers[tuple(prompt)], add_special_tokens=False)
+            groups.append([rlep.Completion(ids, None)] * n)
+        return groups
+
+
+def collect_on_rank(rank, port, model_path, out_dir, out):
+    """A resumed collection on 2 ranks; rank 1 records the bytes of every object it receives."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    d = rlep.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
+    received = []
+    for name in ("broadcast_object_list", "all_gather_object", "gather_object"):
+        def spy(*args, real=getattr(dist, name), **kwargs):
+            result = real(*args, **kwargs)
+            # each collective's filled list is its first argument
+            received.append(pickle.dumps(args[0]))
+            return result
+        setattr(dist, name, spy)
+    cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", out_dir])
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    rows = data.read_rows(cfg.train_file)[:8]
+    answers = {tuple(rlep.render_prompt(tokenizer, row, cfg.prompt_template,
+                                        cfg.max_prompt_len)): row["answer"] for row in rows}
+    rlep.collect(cfg, rows, AnsweringEngine(tokenizer, answers), tokenizer,
+                 tokenizer.eos_token_id, d)
+    if rank == 1:
+        torch.save({"received": received}, out)
+    dist.destroy_process_group()
+
+
+def test_the_other_ranks_never_receive_rank_0s_collected_answers(tiny_model, tmp_path,
+                                                                  free_port):
+    """A resumed collection: rank 0 reads the answers collected so far and keeps them; rank 1
+    is told only which prompts are done, and the pool rank 0 writes holds both kinds."""
+    out_dir = tmp_path / "run"
+    fake_checkpoint(out_dir / "phase1", rlep.parse_config(["--preset", "tiny"]).collect_step)
+    rows = data.read_rows("builtin:tiny:train")[:8]
+    secret = [f"rank 0's answer {i} of {row['id']}" for i, row in enumerate(rows[:3])]
+    progress = [{"id": row["id"], "successes": [text, text], "tokens": 4}
+                for row, text in zip(rows[:3], secret)]
+    (out_dir / "collect").mkdir()
+    data.append_jsonl(str(out_dir / "collect" / "progress.jsonl"), progress)
+    mp.spawn(collect_on_rank, nprocs=2,
+             args=(free_port, tiny_model, str(out_dir), str(tmp_path / "received")))
+    received = torch.load(tmp_path / "received")["received"]
+    assert received  # the spies saw the collectives
+    assert not any(text.encode() in blob for blob in received for text in secret)
+    pool = {row["id"]: row["responses"] for row in data.read_jsonl(
+        str(out_dir / "collect" / "pool.jsonl"))}
+    # the 3 resumed prompts with their answers, the 5 sampled now with k gold answers each
+    assert [pool[row["id"]] for row in rows[:3]] == [[text, text] for text in secret]
+    k = rlep.parse_config(["--preset", "tiny"]).collect_k
+    assert [pool[row["id"]] for row in rows[3:]] == [[row["answer"]] * k for row in rows[3:]]
+
+
+def decide_or_refuse(rank, port, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    d = rlep.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
+    calls = []
+
+    def decide():
+        calls.append(rank)
+        return {"step": 4}
+
+    def refuse():
+        raise ValueError("--n 0: must be at least 1")
+    answer = rlep.rank0_decides(decide, d)
+    with pytest.raises(ValueError) as refused:
+        rlep.rank0_decides(refuse, d)
+    torch.save({"answer": answer, "calls": calls, "error": str(refused.value)}, f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_rank_0s_answer_or_refusal_reaches_every_rank(tmp_path, free_port):
+    """decide() runs on rank 0 alone; every rank returns its answer, or raises its error (a
+    refusal on rank 0 alone would leave the other ranks waiting in the next collective)."""
+    mp.spawn(decide_or_refuse, args=(free_port, str(tmp_path / "decided")), nprocs=2)
+    seen = [torch.load(tmp_path / f"decided.{rank}") for rank in (0, 1)]
+    assert [s["answer"] for s in seen] == [{"step": 4}] * 2
+    assert [s["calls"] for s in seen] == [[0], []]
+    assert [s["error"] for s in seen] == ["--n 0: must be at least 1"] * 2
