@@ -6,6 +6,7 @@ a step's row of metrics.jsonl and a finished run's report; not the method.
     save_checkpoint, load_trainer_state, ...   checkpoints: written whole, pruned, sized
     step_counts, step_record, log_step         a training step's row of metrics.jsonl
     comparison_table, plot_comparison          a finished run's baseline-vs-RLEP report
+    start_wandb, track, finish_wandb           live curves on Weights & Biases (optional)
 
 The built-in tasks and models of the small presets are in builtin.py.
 """
@@ -528,3 +529,53 @@ def plot_comparison(run_dirs: list[str], path: str) -> str:
                 panels[key].append((f"{name} {label}", steps, values, style, i))
     return save_plot(path, dict(sorted(panels.items())),
                      "validation avg@k (%)")
+
+
+# ---------------------------------------------------------------------------
+# Weights & Biases, optional (--wandb_project): rank 0 logs each metrics.jsonl row
+# as it is written. wandb is imported only when a project is given.
+
+wandb_run = None  # the command's W&B run, on rank 0; None: not tracking
+
+
+def start_wandb(project: str, out_dir: str, config: dict, name: str):
+    """One W&B run per out_dir: a resumed run continues it (its id is kept in out_dir).
+    Each part's metrics are named phase1/... and phase2/..., against the part's own step,
+    so the baseline's and RLEP's curves share an axis."""
+    global wandb_run
+    import wandb
+    id_path = os.path.join(out_dir, "wandb_id")
+    if os.path.isfile(id_path):
+        run_id = open(id_path, encoding="utf-8").read().strip()
+    else:
+        run_id = os.urandom(4).hex()  # W&B ids: 8 lowercase letters or digits
+        write_atomic(id_path, run_id)
+    wandb_run = wandb.init(project=project, id=run_id, resume="allow", name=name,
+                           config=config, dir=out_dir)
+    for part in ("phase1", "phase2"):
+        wandb_run.define_metric(f"{part}/step")
+        wandb_run.define_metric(f"{part}/*", step_metric=f"{part}/step")
+
+
+def track(part: str, record: dict):
+    """A metrics.jsonl row, its numbers under the part's name; nothing when not tracking."""
+    if wandb_run is None:
+        return
+    numbers = {k: v for k, v in record.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    wandb_run.log({f"{part}/{k}": v for k, v in numbers.items()})
+
+
+def finish_wandb(table: str = ""):
+    """The comparison table (comparison_table's markdown) as a W&B table, then the end."""
+    global wandb_run
+    if wandb_run is None:
+        return
+    if table:
+        import wandb
+        head, _, *body = [line.strip("|").split(" | ") for line in table.splitlines()]
+        columns = [c.strip() for c in head]
+        rows = [[c.strip() for c in row] for row in body]
+        wandb_run.log({"comparison": wandb.Table(columns=columns, data=rows)})
+    wandb_run.finish()
+    wandb_run = None

@@ -55,6 +55,7 @@ import collections
 import contextlib
 import gc
 import hashlib
+import importlib.util
 import inspect
 import json
 import logging
@@ -79,8 +80,8 @@ from builtin import resolve_dtype, resolve_model
 from data import (append_jsonl, check_disk, checkpoint_path, comparison_table,
                   latest_checkpoint, load_pool, load_trainer_state, log_step,
                   plot_comparison, progress_row, read_collection, read_jsonl, read_rows,
-                  remove_leftovers, save_checkpoint, save_plan, save_pool, step_counts,
-                  step_record, write_atomic)
+                  remove_leftovers, save_checkpoint, save_plan, save_pool, start_wandb,
+                  step_counts, step_record, finish_wandb, track, write_atomic)
 from machinery import (Completion, Dist, Engine, barrier, gather_lists, gather_to_rank0,
                        rank0_decides, setup_distributed, start_engine)
 
@@ -167,6 +168,7 @@ class Config:
     progress: bool = True  # tqdm bars on rank 0 for long generation
     cache_dir: str = ".cache/rlep"  # where built-in models are made
     preset: str = "cpu"  # {paper, tiny, cpu, cpu-hard}: applied before the other flags
+    wandb_project: str = ""  # live curves in this W&B project (pip install wandb); "": off
 
 presets = {
     "paper": {},
@@ -221,6 +223,8 @@ def parse_config(argv=None) -> Config:
     if cfg.share_prompts and cfg.micro_batch_tokens:
         # a shared row holds a whole group: it cannot be split by length
         parser.error("--share_prompts needs --micro_batch_tokens 0")
+    if cfg.wandb_project and importlib.util.find_spec("wandb") is None:
+        parser.error("--wandb_project: wandb is not installed (pip install wandb)")
     return cfg
 
 # ---------------------------------------------------------------------------
@@ -838,6 +842,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
             base_scores[base_path] = validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=0)
         if d.master_process:
             write_atomic(metrics_path, json.dumps({"step": 0, **base_scores[base_path]}) + "\n")
+            track(part, {"step": 0, **base_scores[base_path]})
 
     # An update takes mini_batch_prompts x n sequences, as the paper's run. RLEP: groups
     # are n + m long, so a step of 512 x 18 makes round(512 x 18 / (64 x 16)) = 9
@@ -871,6 +876,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
 
         if d.master_process:
             append_jsonl(metrics_path, [record])
+            track(part, record)  # W&B, with --wandb_project
             fresh = [s for g in groups for s in g if not s.replay][:cfg.log_samples]
             shown = [{"step": step + 1, "prompt": tokenizer.decode(s.prompt_ids),
                       "reward": s.reward, "response": tokenizer.decode(s.completion_ids)}
@@ -987,6 +993,9 @@ def main(argv=None):
         check_disk(cfg, model_path)
         os.makedirs(cfg.out_dir, exist_ok=True)
         write_atomic(config_path, json.dumps(asdict(cfg), indent=2))
+        if cfg.wandb_project:
+            name = f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{cfg.preset}"
+            start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     end_id = end_token_id(tokenizer, cfg.stop_token)
     # phase two reads them only to visit every prompt
@@ -1022,14 +1031,18 @@ def main(argv=None):
     spent = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
     if not d.master_process:
         return
+    table = ""
     if cfg.phase == "all" and cfg.val_every:
-        print(comparison_table([cfg.out_dir]))
+        table = comparison_table([cfg.out_dir])
+        print(table)
         print(plot_comparison([cfg.out_dir], os.path.join(cfg.out_dir, "curves.png")))
     shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()]
     print(f"time: {total:.0f} s | " + " | ".join(shown))
     timings = json.dumps({"total_s": total, "parts_s": spent,
                           "linear_gflops": dtype.gflops})
     write_atomic(os.path.join(cfg.out_dir, "timings.json"), timings)
+    # the table too; a run that stopped early is closed by wandb at exit
+    finish_wandb(table)
 
 if __name__ == "__main__":
     main()
