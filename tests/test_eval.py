@@ -53,7 +53,7 @@ def data_args(data_files):
 
 @pytest.fixture(scope="module")
 def clean_run(tiny_model, data_files, tmp_path_factory):
-    """The command of the README, run once, uninterrupted."""
+    """The command of docs/reference.md (eval.py), run once, uninterrupted."""
     out = str(tmp_path_factory.mktemp("clean"))
     command = [sys.executable, "eval.py", "--model", tiny_model, *data_args(data_files), *sampling,
                "--out_dir", out]
