@@ -383,8 +383,11 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[Completion],
         sample = Sample(prompt_ids, ids, correct, reward, replay,
                         vllm_logprobs=logprobs, row_id=row["id"])
         group.append(sample)
-    # RLEP: over G = n + m; control "nll": the n fresh alone, replays imitated
-    scored = group if cfg.replay_loss == "group" else group[:len(completions)]  # RLEP
+    # RLEP: Â standardised over the whole group, G = n + m
+    scored = group  # RLEP
+    if cfg.replay_loss == "nll":
+        # control: over the n fresh alone; the replays are imitated, their Â 0
+        scored = group[:len(completions)]  # control
     rewards = torch.tensor([s.reward for s in scored])  # (n + m,)
     advantages = group_advantages(rewards, len(scored))  # (n + m,)
     for sample, advantage in zip(scored, advantages.tolist()):
@@ -780,7 +783,9 @@ def make_groups(cfg: Config, part: str, step: int, rows: list[dict], engine: Eng
         for row, prompt_ids, fresh in zip(batch_rows, prompts, completions):
             replays = []
             if replay:
-                # RLEP: m of the prompt's pooled successes, drawn anew at every visit
+                # RLEP: m of the prompt's pooled successes, drawn anew at every visit.
+                # The key also seeds vLLM's sampling of this prompt: another generator
+                # (numpy's PCG64, not vLLM's torch one), so the draws are independent.
                 rng = np.random.default_rng(seed_for(cfg.seed, part, step, row["id"]))  # RLEP
                 replays = draw_replays(row["responses"], cfg.replay_m, rng)  # RLEP
             groups.append(build_group(row, prompt_ids, fresh, tokenizer, cfg, end_id, replays))

@@ -39,8 +39,7 @@ mutations = [
     ("population std", "rlep.py", "groups.std(dim=1, keepdim=True)",
      "groups.std(dim=1, keepdim=True, unbiased=False)"),
     ("fresh-only standardisation", "rlep.py",
-     'scored = group if cfg.replay_loss == "group" else group[:len(completions)]',
-     "scored = group[:len(completions)]"),
+     "scored = group  # RLEP", "scored = group[:len(completions)]  # RLEP"),
     # the reward
     ("overlong sign flipped", "rlep.py", "reward = (1.0 if correct else -1.0) + penalty",
      "reward = (1.0 if correct else -1.0) - penalty"),
