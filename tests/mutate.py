@@ -6,6 +6,9 @@ occurs exactly once is reported stale (the code moved: update its pattern), neve
     python tests/mutate.py NAME ...     # only these
     python tests/mutate.py --list
 
+A mutation runs the fast tests, or the tests it names (a file or a pytest node id each): the
+unmutated copy must pass those of the mutations chosen. Its edit is one (pattern, replacement),
+or a tuple of patterns and one of replacements applied together (an edit in two places).
 Exits 0 only when the unmutated copy passes and every mutation is killed. A script, not a
 test (pytest does not collect it); it takes minutes, outside CI's time."""
 import argparse
@@ -21,7 +24,15 @@ repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 fast_tests = ["tests/test_loss.py", "tests/test_paper.py", "tests/test_data.py",
               "tests/test_replay_variants.py"]
 
-# (name, file, pattern, replacement): the pattern must occur exactly once in the file
+# (name, file, pattern, replacement[, tests]): the pattern (each of a tuple of them) must occur
+# exactly once in the file; tests: the ones that must catch it, else fast_tests
+guarantees = "tests/test_guarantees.py::"
+killed_saves = guarantees + "test_a_save_or_prune_killed_at_any_write_leaves_only_whole_checkpoints"
+paper_rule = guarantees + "test_the_paper_rule_reads_answers_as_math_dapo"
+eval_protocol = guarantees + "test_eval_defaults_are_the_papers_protocol"
+chat_rows = guarantees + "test_a_chat_row_is_rendered_from_its_own_messages_a_plain_one_templated"
+both_rules = ("tests/test_eval.py::"
+              "test_a_boxed_only_answer_is_right_by_equivalence_and_wrong_by_the_paper_rule")
 mutations = [
     # the loss
     ("eps swapped in the clip", "rlep.py",
@@ -125,12 +136,136 @@ mutations = [
     ("paper preset: warm-up 5", "rlep.py", "warmup_steps: int = 10", "warmup_steps: int = 5"),
     ("disk check removed from main", "rlep.py",
      "check_disk(cfg, model_path)", "pass"),
+    # issue 40: what the suite let change (tests/test_guarantees.py)
+    ("long prompts cut from their end", "rlep.py", '["input_ids"][-max_len:]',
+     '["input_ids"][:max_len]',
+     [guarantees + "test_a_long_prompt_keeps_its_end_and_loses_its_start"]),
+    ("a chat row templated again", "rlep.py", 'messages = row.get("prompt") or [user]',
+     "messages = [user]", [chat_rows]),
+    ("the prompt template ignored", "rlep.py", 'template.format(problem=row["problem"])',
+     'row["problem"]', [chat_rows]),
+    ("no generation prompt", "rlep.py", "add_generation_prompt=True,",
+     "add_generation_prompt=False,",
+     [guarantees + "test_a_long_prompt_keeps_its_end_and_loses_its_start"]),
+    ("N without the replays' tokens", "rlep.py",
+     "response_tokens = sum(len(s.completion_ids) for s in group)",
+     "response_tokens = sum(len(s.completion_ids) for s in group if not s.replay)",
+     [guarantees + "test_n_counts_the_replays_tokens"]),
+    ("pi_old's pass over the first mini-batch too", "rlep.py",
+     "for mini_batch in mini_batches[1:]:", "for mini_batch in mini_batches:",
+     [guarantees + "test_old_logprobs_take_one_pass_and_none_for_the_first_mini_batch"]),
+    ("pi_old's shortcut keeps its gradient", "rlep.py",
+     "keep_old_logprobs(micro, logprobs.detach())",
+     "keep_old_logprobs(micro, logprobs)",
+     [guarantees + "test_the_first_update_is_the_token_mean_policy_gradient"]),
+    ("pi_old's shortcut in every epoch", "rlep.py", "if epoch == 0 and k == 0:", "if k == 0:",
+     ["tests/test_update.py::test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start"]),
+    ("pi_old from the moving policy", "rlep.py", "if epoch == 0 and k == 0:", "if epoch == 0:",
+     ["tests/test_update.py::test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start"]),
+    ("validation records in rank order", "rlep.py",
+     'return sorted(gather_lists(records, d), key=lambda r: order[r["id"]])',
+     "return gather_lists(records, d)",
+     [guarantees + "test_on_two_ranks_each_sources_accuracy_is_its_own"]),
+    ("validation's k from n", "rlep.py", "cfg.val_k, cfg, stop_ids, d,", "cfg.n, cfg, stop_ids, d,",
+     [guarantees + "test_val_acc_is_the_mean_over_all_samples_of_all_problems"]),
+    ("val_acc as pass@k", "rlep.py",
+     'scores = {"val_acc": float(np.mean([c for r in records for c in r["correct"]]))}',
+     'scores = {"val_acc": float(np.mean([any(r["correct"]) for r in records]))}',
+     [guarantees + "test_val_acc_is_the_mean_over_all_samples_of_all_problems"]),
+    ("a source's accuracy as pass@k", "rlep.py",
+     "by_source[f\"val_acc/{row.get('data_source')}\"] += record[\"correct\"]",
+     "by_source[f\"val_acc/{row.get('data_source')}\"].append(any(record[\"correct\"]))",
+     [guarantees + "test_val_acc_is_the_mean_over_all_samples_of_all_problems"]),
+    ("rank 1 decides its own resume", "rlep.py",
+     "start, ckpt = rank0_decides(lambda: latest_checkpoint(part_dir), d)",
+     "start, ckpt = latest_checkpoint(part_dir)",
+     ["tests/test_checkpoints.py::test_every_rank_takes_rank_0s_view_of_the_run"]),
+    ("rank 1 decides its own collection", "rlep.py",
+     "pooled, successes = rank0_decides(lambda: read_collection(out), d)",
+     "pooled, successes = read_collection(out)",
+     ["tests/test_checkpoints.py::test_every_rank_takes_rank_0s_view_of_the_run"]),
+    ("main keeps a stopped save's leftovers", "rlep.py", "remove_leftovers(cfg.out_dir)", "pass",
+     [guarantees + "test_main_removes_a_stopped_saves_leftovers_before_the_disk_check"]),
+    ("checkpoint written in place", "data.py",
+     ('tmp = final + ".tmp"', "shutil.rmtree(final, ignore_errors=True)\n        os.replace"),
+     ("tmp = final", "os.replace"),
+     [killed_saves]),
+    ("trainer_state.pt written after the rename", "data.py",
+     'torch.save(state, os.path.join(tmp, "trainer_state.pt"))\n'
+     "        # the same step saved again after a resume\n"
+     "        shutil.rmtree(final, ignore_errors=True)\n"
+     "        os.replace(tmp, final)\n",
+     "shutil.rmtree(final, ignore_errors=True)\n"
+     "        os.replace(tmp, final)\n"
+     '        torch.save(state, os.path.join(final, "trainer_state.pt"))\n',
+     [killed_saves]),
+    ("a pruned checkpoint deleted in place", "data.py",
+     'os.replace(folder, folder + ".deleting")\n            shutil.rmtree(folder + ".deleting")',
+     "shutil.rmtree(folder)",
+     [killed_saves]),
+    ("a stopped save's .tmp kept", "data.py", 'name.endswith((".deleting", ".tmp"))',
+     'name.endswith(".deleting")',
+     [killed_saves,
+      "tests/test_checkpoints.py::test_stopped_saves_and_prunes_are_removed"]),
+    ("a stopped prune's .deleting kept", "data.py", 'name.endswith((".deleting", ".tmp"))',
+     'name.endswith(".tmp")',
+     [killed_saves,
+      "tests/test_checkpoints.py::test_stopped_saves_and_prunes_are_removed"]),
+    ("eval.py lists a stopped save", "eval.py", 're.fullmatch(r"step_(\\d+)"',
+     're.match(r"step_(\\d+)"',
+     [killed_saves]),
+    ("paper rule case-sensitive", "verify.py", 'r"(?i)Answer\\s*:', 'r"Answer\\s*:',
+     [paper_rule,
+      guarantees + "test_a_lower_case_answer_line_is_rewarded_under_the_paper_rule"]),
+    ("paper rule: no space before the colon", "verify.py", 'r"(?i)Answer\\s*:', 'r"(?i)Answer:',
+     [paper_rule]),
+    ("paper rule: the whole line, not after '='", "verify.py", 'answer = answer.split("=")[-1]',
+     "answer = answer", [paper_rule]),
+    ("paper rule: a box left closed", "verify.py",
+     'answer = re.sub(r"(\\\\boxed\\{)(.*)(\\})", "\\\\2", answer)', "answer = answer",
+     [paper_rule]),
+    ("paper rule: no $...$ span", "verify.py",
+     'answer = re.sub(r"(.*?)(\\$)(.*?)(\\$)(.*)", "$\\\\3$", answer)', "answer = answer",
+     [paper_rule]),
+    ("paper rule: the gold not normalised", "verify.py", "== _dapo_normalize(gold)", "== gold",
+     [paper_rule]),
+    # eval.py
+    ("eval: benchmarks not split by source", "eval.py",
+     'benchmarks[name] = [row for row in rows if row.get("data_source") == source]',
+     "benchmarks[name] = rows",
+     [guarantees + "test_a_file_of_several_sources_is_a_benchmark_each_with_its_own_rows"]),
+    ("eval: k = 16", "eval.py", 'default=32, help="samples per problem"',
+     'default=16, help="samples per problem"', [eval_protocol]),
+    ("eval: temperature 0.6", "eval.py",
+     'parser.add_argument("--temperature", type=float, default=1.0)',
+     'parser.add_argument("--temperature", type=float, default=0.6)',
+     [eval_protocol]),
+    ("eval: 4096 new tokens", "eval.py", "default=3072,", "default=4096,",
+     [eval_protocol]),
+    ("eval: the paper's column graded by equivalence", "eval.py",
+     'verify.verify(t, record["gold"], mode="dapo")', 'verify.verify(t, record["gold"])',
+     [both_rules]),
+    ("eval: avg@k as pass@k", "eval.py",
+     'metrics[rule] = {f"avg@{n}": float(np.mean([c for v in verdicts for c in v]))}',
+     'metrics[rule] = {f"avg@{n}": float(np.mean([any(v) for v in verdicts]))}',
+     [both_rules]),
 ]
 
 
-def run_tests(copy: str) -> int:
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-               *fast_tests]
+def tests_of(mutation) -> list[str]:
+    return list(mutation[4]) if len(mutation) > 4 else fast_tests
+
+
+def edits(mutation) -> list[tuple[str, str]]:
+    """A mutation's (pattern, replacement) pairs."""
+    pattern, replacement = mutation[2], mutation[3]
+    if isinstance(pattern, str):
+        return [(pattern, replacement)]
+    return list(zip(pattern, replacement, strict=True))
+
+
+def run_tests(copy: str, tests: list[str]) -> int:
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     return subprocess.run(command, cwd=copy, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, timeout=1800).returncode
 
@@ -150,24 +285,29 @@ def main():
         copy = os.path.join(tmp, "repo")
         shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(
             ".git", ".venv", ".cache", "runs", "__pycache__", ".pytest_cache"))
-        if run_tests(copy) != 0:
-            sys.exit("the unmutated copy fails the fast tests: fix them first")
-        print(f"unmutated: the fast tests pass ({time.perf_counter() - started:.0f} s)",
-              flush=True)
+        # the tests of the chosen mutations, each once
+        baseline = list(dict.fromkeys(t for m in chosen for t in tests_of(m)))
+        if run_tests(copy, baseline) != 0:
+            sys.exit("the unmutated copy fails the tests: fix them first")
+        print(f"unmutated: the tests pass ({time.perf_counter() - started:.0f} s)", flush=True)
         killed = 0
-        for name, file, pattern, replacement in chosen:
+        for mutation in chosen:
+            name, file = mutation[:2]
             path = os.path.join(copy, file)
             original = open(path, encoding="utf-8").read()
-            found = original.count(pattern)
-            if found != 1:
-                print(f"STALE     {name}: the pattern occurs {found} times in {file}",
+            counts = [original.count(pattern) for pattern, _ in edits(mutation)]
+            if counts != [1] * len(counts):
+                print(f"STALE     {name}: the pattern occurs {counts} times in {file}",
                       flush=True)
                 continue
+            mutated = original
+            for pattern, replacement in edits(mutation):
+                mutated = mutated.replace(pattern, replacement)
             start = time.perf_counter()
             with open(path, "w", encoding="utf-8") as f:
-                f.write(original.replace(pattern, replacement))
+                f.write(mutated)
             try:
-                status = run_tests(copy)
+                status = run_tests(copy, tests_of(mutation))
             finally:
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(original)
