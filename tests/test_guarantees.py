@@ -233,9 +233,9 @@ def two_ranks(tiny_model, tmp_path_factory):
 
 def test_on_two_ranks_each_sources_accuracy_is_its_own(two_ranks):
     """Rank 0 answers q0, q2, q4 (A, C, B), rank 1 q1, q3, q5 (B, A, C): taken in rank order,
-    A's accuracy would be scored on q0 and q2."""
-    for result in two_ranks:
-        assert result["scores"] == pytest.approx(val_expected, abs=1e-12)
+    A's accuracy would be scored on q0 and q2. Rank 0 logs them; rank 1 receives none."""
+    scores = [result["scores"] for result in two_ranks]
+    assert scores[0] == pytest.approx(val_expected, abs=1e-12) and scores[1] == {}
 
 
 def test_on_two_ranks_n_counts_every_ranks_tokens_replays_included(two_ranks):
