@@ -71,7 +71,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
@@ -920,10 +920,15 @@ def build_policy(path: str, cfg: Config, d: Dist):
         model.to(d.device)
     else:
         full_weights = model.state_dict() if d.master_process else {}
+        # bf16 runs gather bf16 weights (half the bytes; autocast casts them anyway)
+        # and reduce gradients in fp32, as verl; the batch's floats are the loss's
+        mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                     cast_forward_inputs=False)
+        mp_policy = mixed if cfg.dtype == "bfloat16" else MixedPrecisionPolicy()
         for layer in model.model.layers:
-            fully_shard(layer)
+            fully_shard(layer, mp_policy=mp_policy)
         # the root unit gathers the embeddings, final norm and LM head
-        fully_shard(policy)
+        fully_shard(policy, mp_policy=mp_policy)
         load_from_rank0(model, full_weights, d)
     # fused: one kernel for all parameters (CPU's default loops over them one by one)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
