@@ -71,7 +71,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
@@ -548,9 +548,10 @@ def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
                       seed: int) -> list[np.ndarray]:
     """An epoch's mini-batches as runs of consecutive positions of the step's prompts,
     whose order step_prompts already shuffled. Rank r holds positions r, r + W, ...: a run
-    of k W positions gives every rank k prompts, so no rank waits on a busier one. The
-    runs do not depend on W (the update is the same on any number of ranks); later
-    epochs take them in another seeded order, which keeps that balance."""
+    of k W positions gives every rank k prompts, a run of another length ranks one prompt
+    apart (RLEP's 9 runs of 56 or 57 of 512 prompts: 7 or 8 a rank at W = 8; at W = 64,
+    7 or 8 ranks hold none and run idle passes). The runs do not depend on W (the update
+    is the same on any number of ranks); later epochs take them in another seeded order."""
     positions = np.arange(num_prompts)
     runs = np.array_split(positions, num_updates)
     if epoch == 0:
@@ -558,57 +559,94 @@ def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
     order = np.random.default_rng(seed).permutation(num_updates)
     return [runs[i] for i in order]
 
-def split_micro_batches(row_lengths: list[int], max_rows: int,
+def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
                         max_tokens: int) -> list[list[int]]:
-    """A rank's sequences of one mini-batch as micro-batches (lists of indices). With
-    max_tokens 0: runs of max_rows, in order. Else longest first, each micro-batch as
-    many rows as fit in max_tokens padded tokens (rows x its longest row, at least one
-    row): similar lengths share a micro-batch, so little of it is padding (verl's dynamic
-    batch size, for a trainer that pads). Memory, not math: the loss is a token sum."""
-    indices = range(len(row_lengths))
-    if not max_tokens:
-        return [list(indices[i:i + max_rows]) for i in range(0, len(indices), max_rows)]
+    """A rank's rows as `count` micro-batches (lists of indices), fewer if it holds
+    fewer rows, more if they need more (0: the fewest). Each is a run of the rows,
+    longest first within max_tokens padded tokens (rows x the longest; verl's dynamic
+    batch size, for a trainer that pads), or in order within max_rows if max_tokens is
+    0 (share_prompts keeps a group together); each near an equal share of the tokens.
+    Memory, not math: the loss is a token sum."""
+    order = list(range(len(row_lengths)))
+    fits = [max_rows] * len(order)  # the most rows a run starting there takes
+    if max_tokens:
+        # stable: every rank computes the same split
+        order.sort(key=lambda i: -row_lengths[i])
+        # sorted: a run's first row is its longest
+        fits = [max(1, max_tokens // row_lengths[i]) for i in order]
+    lengths = [row_lengths[i] for i in order]
+    # needs[i]: the fewest runs for rows i, i + 1, ... (each run filled)
+    needs = [0] * (len(order) + 1)
+    for start in reversed(range(len(order))):
+        needs[start] = 1 + needs[min(len(order), start + fits[start])]
+    count = max(count, needs[0])
+    left_tokens = sum(lengths)
     micro_batches = []
-    # stable: equal lengths keep their order, so every rank computes the same split
-    for i in sorted(indices, key=lambda i: -row_lengths[i]):
-        if micro_batches:
-            current = micro_batches[-1]
-            # sorted: a micro-batch's first row is its longest
-            if (len(current) + 1) * row_lengths[current[0]] <= max_tokens:
-                current.append(i)
-                continue
-        micro_batches.append([i])
+    start = 0
+    for left in range(min(count, len(order)), 0, -1):  # runs left
+        target = left_tokens / left
+        # its rows fit, and each later run keeps a row
+        limit = min(start + fits[start], len(order) - left + 1)
+        end, longest = start + 1, lengths[start]
+        while end < limit:
+            padded = (end - start) * longest
+            grown = (end + 1 - start) * max(longest, lengths[end])
+            # grow while the later runs cannot hold the rest, then toward the target
+            if needs[end] < left and abs(grown - target) > abs(padded - target):
+                break
+            longest = max(longest, lengths[end])
+            end += 1
+        micro_batches.append(order[start:end])
+        left_tokens -= sum(lengths[start:end])
+        start = end
+    # heaviest first: a lockstep pass waits on its heaviest rank
+    micro_batches.sort(key=lambda run: -len(run) * max(row_lengths[i] for i in run))
     return micro_batches
+
+def lockstep_passes(positions, sizes: dict, world_size: int, cfg: Config) -> int:
+    """A mini-batch's passes on every rank: as many as the busiest rank needs. FSDP2
+    gathers the weights in each forward and backward and reduces the gradients, for
+    one token as for 16,384 (verl agrees on the count by an all-reduce; here every rank
+    plans every other's)."""
+    most = 0
+    for rank in range(world_size):
+        row_lengths = [length for p in positions if p % world_size == rank
+                       for length in sizes[p].row_lengths]
+        fewest = split_micro_batches(row_lengths, 0, cfg.micro_batch_size,
+                                     cfg.micro_batch_tokens)
+        most = max(most, len(fewest))
+    return most
 
 def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int,
                        cfg: Config) -> list[list[tuple[int, int]]]:
     """Rank `rank`'s micro-batches of a mini-batch, as (position, sample) pairs: whole
-    groups, a prompt's samples on one rank. Any rank can plan any other's."""
+    groups, a prompt's samples on one rank; lockstep_passes of them, fewer only if it
+    holds fewer rows. Any rank plans any other's."""
     held = [(p, i) for p in positions if p % world_size == rank
             for i in range(len(sizes[p].row_lengths))]
     row_lengths = [sizes[p].row_lengths[i] for p, i in held]
-    split = split_micro_batches(row_lengths, cfg.micro_batch_size, cfg.micro_batch_tokens)
+    count = lockstep_passes(positions, sizes, world_size, cfg)
+    split = split_micro_batches(row_lengths, count, cfg.micro_batch_size,
+                                cfg.micro_batch_tokens)
     return [[held[j] for j in micro] for micro in split]
 
 def build_mini_batch(positions, my_groups: dict, sizes: dict, cfg: Config, d: Dist,
                      pad_id: int) -> MiniBatch:
     """This rank's micro-batches of the prompts at `positions`, as tensors."""
-    plans = [rank_micro_batches(positions, sizes, r, d.world_size, cfg)
-             for r in range(d.world_size)]
     micro = []
-    for pairs in plans[d.rank]:
+    for pairs in rank_micro_batches(positions, sizes, d.rank, d.world_size, cfg):
         samples = [my_groups[p][i] for p, i in pairs]
         micro.append(collate(samples, pad_id, d.device, cfg.share_prompts))
-    # Lockstep: FSDP2 gathers the weights in every forward and reduces the gradients in
-    # every backward, so every rank runs as many passes as the busiest. The others run
-    # an idle micro-batch: a one-token sample with Â = 0, an exactly zero gradient.
-    busiest = max(map(len, plans))
-    if busiest > len(micro):
+    # Lockstep: a rank with fewer rows than the passes (or none) runs an idle
+    # micro-batch for each missing one: a one-token sample with Â = 0, an exactly zero
+    # gradient.
+    passes = lockstep_passes(positions, sizes, d.world_size, cfg)
+    if passes > len(micro):
         # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
         idle = Sample([pad_id], [pad_id], False, 0.0, old_logprobs=torch.zeros(1, device=d.device))
         idle_batch = collate([idle], pad_id, d.device, cfg.share_prompts)
         idle_batch["idle"] = True
-        micro += [idle_batch] * (busiest - len(micro))
+        micro += [idle_batch] * (passes - len(micro))
     num_tokens = sum(sizes[p].response_tokens for p in positions)
     return MiniBatch(micro, num_tokens)
 
@@ -716,10 +754,15 @@ def build_policy(path: str, cfg: Config, d: Dist):
         model.to(d.device)
     else:
         full_weights = model.state_dict() if d.master_process else {}
+        # bf16 runs gather bf16 weights (half the bytes; autocast casts them anyway)
+        # and reduce gradients in fp32, as verl; the batch's floats are the loss's
+        mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                     cast_forward_inputs=False)
+        mp_policy = mixed if cfg.dtype == "bfloat16" else MixedPrecisionPolicy()
         for layer in model.model.layers:
-            fully_shard(layer)
+            fully_shard(layer, mp_policy=mp_policy)
         # the root unit gathers the embeddings, final norm and LM head
-        fully_shard(policy)
+        fully_shard(policy, mp_policy=mp_policy)
         load_from_rank0(model, full_weights, d)
     # fused: one kernel for all parameters (CPU's default loops over them one by one)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),

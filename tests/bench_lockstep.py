@@ -1,17 +1,24 @@
 """How busy FSDP2's lockstep leaves the ranks: the trainer's own planner (rlep.plan_mini_batches,
 rlep.rank_micro_batches) on the paper preset's step, no model. Every rank runs as many passes a
-mini-batch as the busiest; the others run idle ones. Response lengths follow a wide distribution
-(a normal of mean 1,500 and sd 800 tokens cut to [200, 3,072]; prompts 100-400 tokens); in phase
-two 15 % of the prompts hold a single pooled answer, the rest m. One line per configuration:
+mini-batch as the busiest needs; a rank holding fewer rows runs idle ones. Response lengths follow
+a wide distribution (a normal of mean 1,500 and sd 800 tokens cut to [200, 3,072]; prompts 100-400
+tokens); in phase two 15 % of the prompts hold a single pooled answer, the rest m. One line per
+configuration:
 
-    lockstep W=64 phase=2 busiest_over_mean=1.12 idle_share=0.10 padded_share=0.05 ...
+    lockstep W=64 phase=2 busiest_over_mean=1.12 idle_share=0.11 empty_share=0.11 ...
 
-busiest_over_mean: the busiest rank's passes over the mean rank's, summed over a step's
-mini-batches; idle_share: the share of all passes that are idle; padded_share: the share of the
-real micro-batches' tokens (rows x the longest row) that are padding. Means over --trials steps.
-Run: python tests/bench_lockstep.py [--micro_batch_tokens 0]   (a few seconds)
-`--random_draws` replaces the runs by the planner they replaced, each mini-batch a random draw of
-the step's prompts (their ranks as uneven as chance makes them), for comparison."""
+busiest_over_mean: the busiest rank's passes over the mean rank's (real passes, idle ones not
+counted), summed over a step's mini-batches; idle_share: the share of all passes that are idle;
+empty_share: the share run idle by ranks that hold no prompt of the mini-batch (no split helps
+them); padded_share: the share of the real micro-batches' tokens (rows x the longest row) that are
+padding; heaviest_over_mean: pass by pass, the heaviest rank's padded tokens over the mean rank's
+(what a lockstep pass waits on), summed over the step; passes: a rank's update passes a step.
+Means over --trials steps.
+Run: python tests/bench_lockstep.py [--micro_batch_tokens 0] [--before]   (seconds)
+`--before` replaces the split by the one it replaced: each rank packs its rows alone, longest
+first, as many as fit (fewer passes where it holds fewer tokens), and runs idle passes up to the
+busiest. `--random_draws` replaces the runs by the planner they replaced, each mini-batch a random
+draw of the step's prompts (their ranks as uneven as chance makes them), for comparison."""
 import argparse
 import os
 import sys
@@ -53,8 +60,30 @@ def random_draws(num_prompts, num_updates, epoch, seed):
     return np.array_split(order, num_updates)
 
 
-def simulate(cfg, world_size, phase, trials, seed, planner=rlep.plan_mini_batches):
-    busiest_sum = mean_sum = idle = passes = padding = computed = 0.0
+def packed_alone(positions, sizes, rank, world_size, cfg):
+    """The split before the lockstep count: the rank's rows longest first, each micro-batch as
+    many as fit in the token budget (runs of micro_batch_size rows, in order, without one)."""
+    held = [(p, i) for p in positions if p % world_size == rank
+            for i in range(len(sizes[p].row_lengths))]
+    lengths = [sizes[p].row_lengths[i] for p, i in held]
+    if not cfg.micro_batch_tokens:
+        size = cfg.micro_batch_size
+        return [held[i:i + size] for i in range(0, len(held), size)]
+    micro_batches = []
+    for i in sorted(range(len(held)), key=lambda i: -lengths[i]):
+        if micro_batches:
+            current = micro_batches[-1]
+            if (len(current) + 1) * lengths[current[0]] <= cfg.micro_batch_tokens:
+                current.append(i)
+                continue
+        micro_batches.append([i])
+    return [[held[i] for i in micro] for micro in micro_batches]
+
+
+def simulate(cfg, world_size, phase, trials, seed, planner=rlep.plan_mini_batches,
+             splitter=rlep.rank_micro_batches):
+    busiest_sum = mean_sum = idle = empty = passes = padding = computed = 0.0
+    heaviest_sum = mean_tokens_sum = 0.0
     rng = np.random.default_rng(seed)
     for trial in range(trials):
         sizes = step_sizes(cfg, phase, rng)
@@ -63,20 +92,28 @@ def simulate(cfg, world_size, phase, trials, seed, planner=rlep.plan_mini_batche
         num_updates = max(1, round(total_samples / (cfg.mini_batch_prompts * cfg.n)))
         runs = planner(len(sizes), num_updates, epoch=0, seed=trial)
         for positions in runs:
-            plans = [rlep.rank_micro_batches(positions, sizes, r, world_size, cfg)
-                     for r in range(world_size)]
+            plans = [splitter(positions, sizes, r, world_size, cfg) for r in range(world_size)]
             counts = [len(plan) for plan in plans]
             busiest = max(counts)
             busiest_sum += busiest
             mean_sum += np.mean(counts)
             idle += world_size * busiest - sum(counts)
+            empty += busiest * counts.count(0)
             passes += world_size * busiest
-            for plan in plans:
-                for micro in plan:
+            # tokens[r, j]: rank r's padded tokens in its pass j (0: idle)
+            tokens = np.zeros((world_size, busiest))
+            for r, plan in enumerate(plans):
+                for j, micro in enumerate(plan):
                     lengths = [sizes[p].row_lengths[i] for p, i in micro]
-                    computed += len(lengths) * max(lengths)
+                    tokens[r, j] = len(lengths) * max(lengths)
                     padding += len(lengths) * max(lengths) - sum(lengths)
-    return busiest_sum / mean_sum, idle / passes, padding / computed
+            computed += tokens.sum()
+            heaviest_sum += tokens.max(axis=0).sum()
+            mean_tokens_sum += tokens.mean(axis=0).sum()
+    return {"busiest_over_mean": busiest_sum / mean_sum, "idle_share": idle / passes,
+            "empty_share": empty / passes, "padded_share": padding / computed,
+            "heaviest_over_mean": heaviest_sum / mean_tokens_sum,
+            "passes": busiest_sum / trials}
 
 
 def main():
@@ -85,6 +122,8 @@ def main():
                         help="the paper preset's unless given; 0: fixed micro-batches")
     parser.add_argument("--random_draws", action="store_true",
                         help="the earlier planner: mini-batches drawn at random")
+    parser.add_argument("--before", action="store_true",
+                        help="the earlier split: each rank packs alone, idle up to the busiest")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -93,13 +132,14 @@ def main():
         flags += ["--micro_batch_tokens", str(args.micro_batch_tokens)]
     cfg = rlep.parse_config(flags)
     planner = random_draws if args.random_draws else rlep.plan_mini_batches
+    splitter = packed_alone if args.before else rlep.rank_micro_batches
     for world_size in (1, 8, 16, 64):
         for phase in (1, 2):
-            busiest, idle, padded = simulate(cfg, world_size, phase, args.trials, args.seed,
-                                             planner)
-            print(f"lockstep W={world_size} phase={phase} busiest_over_mean={busiest:.2f} "
-                  f"idle_share={idle:.2f} padded_share={padded:.2f} "
-                  f"micro_batch_size={cfg.micro_batch_size} "
+            result = simulate(cfg, world_size, phase, args.trials, args.seed, planner, splitter)
+            passes = result.pop("passes")
+            print(f"lockstep W={world_size} phase={phase} "
+                  + " ".join(f"{k}={v:.2f}" for k, v in result.items())
+                  + f" passes={passes:.1f} micro_batch_size={cfg.micro_batch_size} "
                   f"micro_batch_tokens={cfg.micro_batch_tokens}")
 
 

@@ -1,6 +1,8 @@
 """The update's planner, without a model: mini-batches as runs of the step's prompts give every
 rank the same number of prompts whenever W divides the mini-batch, cover each prompt once an
-epoch, and micro-batches by a token budget keep every row once and within the budget.
+epoch; every rank splits its rows into as many micro-batches as the busiest needs (fewer only
+where it holds fewer rows), balanced by tokens, each row once, within the token budget or the
+size.
 Run: python -m pytest -q tests/test_planner.py"""
 import collections
 
@@ -51,46 +53,88 @@ def test_later_epochs_take_the_same_balanced_runs_in_another_order():
     assert len(orders) > 1
 
 
-def test_fixed_micro_batches_are_runs_of_rows_in_order():
-    split = rlep.split_micro_batches([5] * 7, max_rows=3, max_tokens=0)
-    assert split == [[0, 1, 2], [3, 4, 5], [6]]
+def padded(micro, row_lengths):
+    return len(micro) * max(row_lengths[i] for i in micro)
+
+
+def test_fixed_micro_batches_are_balanced_runs_of_rows_in_order():
+    # 7 rows of 5 tokens, 3 a micro-batch: 3 runs; the old split's [3, 3, 1] rows weighed
+    # 15, 15, 5; balanced: 2, 3, 2 (10, 15, 10 tokens), heaviest first
+    split = rlep.split_micro_batches([5] * 7, 0, max_rows=3, max_tokens=0)
+    assert split == [[2, 3, 4], [0, 1], [5, 6]]
+
+
+def test_a_token_budget_split_is_balanced_by_hand():
+    row_lengths = [30, 100, 60, 90, 40, 80]  # longest first: rows 1, 3, 5, 2, 4, 0
+    # budget 300: rows 1, 3, 5 fill one (3 x 100); 80 + 60 + 40 + 30 would be 320, so the
+    # rows need 2: [100, 90, 80] and [60, 40, 30]
+    assert rlep.split_micro_batches(row_lengths, 0, 8, 300) == [[1, 3, 5], [2, 4, 0]]
+    # a busier rank needs 3: the old split ran 300 and 180 padded tokens and one idle
+    # pass; an equal share is 400 / 3 = 133: [100] alone (200 is farther), then of the
+    # rest's 150 a share [90, 80] (90 alone would leave 4 rows at 320 for 1), then the rest
+    split = rlep.split_micro_batches(row_lengths, 3, 8, 300)
+    assert split == [[3, 5], [2, 4, 0], [1]]  # 180, 180, 100 padded: heaviest first
+    assert max(padded(m, row_lengths) for m in split) == 180
+
+
+def test_a_count_below_the_rows_needs_still_holds_every_row():
+    split = rlep.split_micro_batches([30, 100, 60, 90, 40, 80], 1, 8, 300)
+    assert sorted(i for m in split for i in m) == list(range(6)) and len(split) == 2
 
 
 def test_token_budget_micro_batches_hold_every_row_once_within_the_budget():
     rng = np.random.default_rng(0)
     row_lengths = rng.integers(200, 3200, 300).tolist()
     budget = 8 * 4096
-    split = rlep.split_micro_batches(row_lengths, max_rows=8, max_tokens=budget)
-    assert sorted(i for micro in split for i in micro) == list(range(300))
-    for micro in split:
-        padded = len(micro) * max(row_lengths[i] for i in micro)
-        assert padded <= budget or len(micro) == 1
+    fewest = len(rlep.split_micro_batches(row_lengths, 0, max_rows=8, max_tokens=budget))
+    for count in (0, fewest + 3, 299, 300, 400):
+        split = rlep.split_micro_batches(row_lengths, count, max_rows=8, max_tokens=budget)
+        assert len(split) == min(max(count, fewest), 300)
+        assert sorted(i for micro in split for i in micro) == list(range(300))
+        for micro in split:
+            assert padded(micro, row_lengths) <= budget or len(micro) == 1
     # longest first: similar lengths together, so padding is a small share
-    padded = sum(len(m) * max(row_lengths[i] for i in m) for m in split)
-    assert 1 - sum(row_lengths) / padded < 0.10
-    fixed = rlep.split_micro_batches(row_lengths, max_rows=8, max_tokens=0)
-    padded_fixed = sum(len(m) * max(row_lengths[i] for i in m) for m in fixed)
-    assert 1 - sum(row_lengths) / padded_fixed > 0.25
+    split = rlep.split_micro_batches(row_lengths, 0, max_rows=8, max_tokens=budget)
+    assert 1 - sum(row_lengths) / sum(padded(m, row_lengths) for m in split) < 0.10
+    fixed = rlep.split_micro_batches(row_lengths, 0, max_rows=8, max_tokens=0)
+    assert 1 - sum(row_lengths) / sum(padded(m, row_lengths) for m in fixed) > 0.25
+
+
+def test_fixed_micro_batches_keep_the_order_within_the_size():
+    # share_prompts: a group's rows are consecutive and stay together where they can
+    rng = np.random.default_rng(2)
+    row_lengths = rng.integers(50, 900, 45).tolist()
+    for count in (0, 7, 9, 44):
+        split = rlep.split_micro_batches(row_lengths, count, max_rows=8, max_tokens=0)
+        assert len(split) == max(count, 6)
+        for micro in split:
+            assert micro == list(range(micro[0], micro[-1] + 1)) and len(micro) <= 8
+        assert sorted(i for m in split for i in m) == list(range(45))
 
 
 def test_a_rank_without_rows_has_no_micro_batch():
-    assert rlep.split_micro_batches([], max_rows=8, max_tokens=0) == []
-    assert rlep.split_micro_batches([], max_rows=8, max_tokens=100) == []
+    assert rlep.split_micro_batches([], 4, max_rows=8, max_tokens=0) == []
+    assert rlep.split_micro_batches([], 4, max_rows=8, max_tokens=100) == []
 
 
 def test_a_row_longer_than_the_budget_goes_alone():
-    split = rlep.split_micro_batches([10, 100, 10, 10], max_rows=8, max_tokens=40)
-    assert [1] in split
-    assert sorted(i for m in split for i in m) == [0, 1, 2, 3]
+    split = rlep.split_micro_batches([10, 100, 10, 10], 0, max_rows=8, max_tokens=40)
+    assert split == [[1], [0, 2, 3]]
+
+
+def paper_sizes(num_prompts, seed, replays=False):
+    cfg = rlep.parse_config(["--preset", "paper"])
+    rng = np.random.default_rng(seed)
+    sizes = {}
+    for p in range(num_prompts):
+        samples = cfg.n + (int(rng.choice([1, cfg.replay_m])) if replays else 0)
+        lengths = tuple(int(x) for x in rng.integers(300, 3400, samples))
+        sizes[p] = rlep.GroupSize(p, sum(lengths), lengths)
+    return cfg, sizes
 
 
 def test_any_rank_plans_the_same_micro_batches_for_every_rank():
-    cfg = rlep.parse_config(["--preset", "paper"])
-    rng = np.random.default_rng(1)
-    sizes = {}
-    for p in range(64):
-        lengths = tuple(int(x) for x in rng.integers(300, 4000, cfg.n))
-        sizes[p] = rlep.GroupSize(p, sum(lengths), lengths)
+    cfg, sizes = paper_sizes(64, seed=1)
     positions = rlep.plan_mini_batches(64, 1, epoch=0, seed=0)[0]
     plans = [rlep.rank_micro_batches(positions, sizes, r, 8, cfg) for r in range(8)]
     held = sorted(pair for plan in plans for micro in plan for pair in micro)
@@ -98,6 +142,40 @@ def test_any_rank_plans_the_same_micro_batches_for_every_rank():
     # whole groups on their rank
     for rank, plan in enumerate(plans):
         assert all(p % 8 == rank for micro in plan for p, _ in micro)
+    # deterministic: planned again, the same
+    assert plans == [rlep.rank_micro_batches(positions, sizes, r, 8, cfg) for r in range(8)]
+
+
+@pytest.mark.parametrize("world_size", [2, 8, 64])
+@pytest.mark.parametrize("micro_batch_tokens", [16384, 0])
+def test_every_rank_runs_the_same_passes_and_idles_only_short_of_rows(world_size,
+                                                                     micro_batch_tokens):
+    cfg, sizes = paper_sizes(512, seed=4, replays=True)
+    cfg.micro_batch_tokens = micro_batch_tokens
+    split_more = 0  # ranks that run more micro-batches than their rows need
+    # RLEP's 9 runs of 56 or 57 prompts (the first 3): at W = 64 some ranks hold none
+    for positions in rlep.plan_mini_batches(512, 9, epoch=0, seed=0)[:3]:
+        count = rlep.lockstep_passes(positions, sizes, world_size, cfg)
+        needs = []
+        for rank in range(world_size):
+            plan = rlep.rank_micro_batches(positions, sizes, rank, world_size, cfg)
+            rows = sum(len(sizes[p].row_lengths) for p in positions if p % world_size == rank)
+            # idle passes (count - len(plan)) only where the rank holds fewer rows
+            assert len(plan) == min(count, rows)
+            for micro in plan:
+                lengths = [sizes[p].row_lengths[i] for p, i in micro]
+                if micro_batch_tokens:
+                    assert len(lengths) * max(lengths) <= micro_batch_tokens or len(micro) == 1
+                else:
+                    assert len(micro) <= cfg.micro_batch_size
+            lengths = [n for p in positions if p % world_size == rank
+                       for n in sizes[p].row_lengths]
+            needs.append(len(rlep.split_micro_batches(lengths, 0, cfg.micro_batch_size,
+                                                      micro_batch_tokens)))
+        # the count is the busiest rank's need
+        assert count == max(needs)
+        split_more += sum(need < count for need in needs)
+    assert split_more > 0
 
 
 def test_share_prompts_refuses_a_token_budget():
