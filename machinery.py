@@ -1,19 +1,27 @@
 """The machinery a paper-scale run needs, beside rlep.py's method: the process group and
-its object collectives (rank 0 decides, the ranks gather), and the rank's vLLM engine with
-its push, sleep and guards. rlep.py makes each a visible call; nothing here knows its types.
+its object collectives (rank 0 decides, the ranks gather); the rank's vLLM engine with its
+push, sleep and guards; the policy's FSDP2 build and rank-0 load; the update's planner
+(mini-batches, micro-batches under a token budget, FSDP2's lockstep) and collate's tensors.
+rlep.py makes each a visible call; nothing here needs its types.
 
 Object collectives cost what they carry: `rank0_decides` broadcasts rank 0's answer once
 (torch's all_gather_object would pad every rank's copy to the largest and hand each rank
 all W of them), and `gather_to_rank0` brings results to the one rank that writes them."""
+import collections
 import datetime
 import math
 import os
 import re
+from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
 
 # ---------------------------------------------------------------------------
 # Distributed setup as nanoGPT's: torchrun sets RANK; `python rlep.py` gets the same names
@@ -93,6 +101,7 @@ def rank0_decides(decide, d: Dist):
 def barrier(d: Dist):
     if d.ddp:
         dist.barrier()
+
 
 # ---------------------------------------------------------------------------
 # The rank's vLLM engine, in this process, sharing the device with the trainer
@@ -240,3 +249,292 @@ def start_engine(model_path: str, d: Dist, dtype: str, seed: int, max_model_len:
               logprobs_mode="processed_logprobs",
               gpu_memory_utilization=gpu_memory_utilization, use_tqdm_on_load=False)
     return Engine(llm, sleeps=on_gpu)
+
+
+# ---------------------------------------------------------------------------
+# The policy: FSDP2's shards, rank 0's weights
+
+
+def load_model(path: str, d: Dist, gradient_checkpointing: bool):
+    """A causal LM for training, float32, in train mode: read from `path` by rank 0 (or
+    the one process); under torchrun the other ranks build it on the meta device and
+    receive their shards in shard() (one host copy of the weights, not W)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    # sdpa reads a boolean 4-D mask (share_prompts) as "may attend"
+    settings = dict(dtype=torch.float32, attn_implementation="sdpa")
+    if d.master_process or not d.ddp:
+        model = AutoModelForCausalLM.from_pretrained(path, **settings)
+    else:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
+                                                     **settings)
+    model.config.use_cache = False
+    # from_pretrained returns eval mode, where transformers skips gradient checkpointing
+    model.train()
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def shard(policy: torch.nn.Module, model, d: Dist, gather_bf16: bool):
+    """The policy on the rank's device. Under torchrun FSDP2 shards its weights, gradients
+    and AdamW state, a unit per decoder layer, and rank 0's weights fill every rank's
+    shards."""
+    if not d.ddp:
+        model.to(d.device)
+        return
+    full_weights = model.state_dict() if d.master_process else {}
+    # bf16 runs gather bf16 weights (half the bytes; autocast casts them anyway)
+    # and reduce gradients in fp32, as verl; the batch's floats are the loss's
+    mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                 cast_forward_inputs=False)
+    mp_policy = mixed if gather_bf16 else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp_policy)
+    # the root unit gathers the embeddings, final norm and LM head
+    fully_shard(policy, mp_policy=mp_policy)
+    load_from_rank0(model, full_weights, d)
+
+
+def load_from_rank0(model, full_weights: dict, d: Dist):
+    """Rank 0's full weights into every rank's shards; the other ranks built on meta."""
+    if not d.master_process:
+        model.to_empty(device=d.device)
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+    set_model_state_dict(model, full_weights, options=options)
+    # buffers outside the state dict (rotary inv_freq) were not sent: rank 0's go now
+    for _, buffer in sorted(model.named_buffers()):
+        dist.broadcast(buffer, src=0)
+
+
+# ---------------------------------------------------------------------------
+# The update's plan: mini-batches as runs of the step's prompts, micro-batches that
+# fit in memory, as many passes on every rank (FSDP2's lockstep), collate's tensors
+
+
+class GroupSize(NamedTuple):
+    position: int  # the prompt's place in the step: rank r holds r, r + W, ...
+    response_tokens: int
+    row_lengths: tuple  # per sample: prompt + response tokens, a row's length
+
+
+class Split(NamedTuple):
+    """How a rank's share of a mini-batch is cut into micro-batches (memory, not math)."""
+    max_rows: int  # rows a micro-batch holds when max_tokens is 0
+    max_tokens: int  # padded tokens a micro-batch holds, longest rows first; 0: by rows
+    share_prompts: bool  # a row holds a prompt once, then its responses (collate)
+
+
+@dataclass
+class MiniBatch:
+    micro_batches: list[dict]  # this rank's, the lockstep padding included
+    num_tokens: int  # N, the token mean's divisor
+
+
+def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
+                      seed: int) -> list[np.ndarray]:
+    """An epoch's mini-batches as runs of consecutive positions of the step's prompts,
+    whose order step_prompts already shuffled. Rank r holds positions r, r + W, ...: a run
+    of k W positions gives every rank k prompts, a run of another length ranks one prompt
+    apart (RLEP's 9 runs of 56 or 57 of 512 prompts: 7 or 8 a rank at W = 8; at W = 64,
+    7 or 8 ranks hold none and run idle passes). The runs do not depend on W (the update
+    is the same on any number of ranks); later epochs take them in another seeded order."""
+    positions = np.arange(num_prompts)
+    runs = np.array_split(positions, num_updates)
+    if epoch == 0:
+        return runs
+    order = np.random.default_rng(seed).permutation(num_updates)
+    return [runs[i] for i in order]
+
+
+def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
+                        max_tokens: int) -> list[list[int]]:
+    """A rank's rows as `count` micro-batches (lists of indices), fewer if it holds
+    fewer rows, more if they need more (0: the fewest). Each is a run of the rows,
+    longest first within max_tokens padded tokens (rows x the longest; verl's dynamic
+    batch size, for a trainer that pads), or in order within max_rows if max_tokens is
+    0 (share_prompts keeps a group together); each near an equal share of the tokens.
+    Memory, not math: the loss is a token sum."""
+    order = list(range(len(row_lengths)))
+    fits = [max_rows] * len(order)  # the most rows a run starting there takes
+    if max_tokens:
+        # stable: every rank computes the same split
+        order.sort(key=lambda i: -row_lengths[i])
+        # sorted: a run's first row is its longest
+        fits = [max(1, max_tokens // row_lengths[i]) for i in order]
+    lengths = [row_lengths[i] for i in order]
+    # needs[i]: the fewest runs for rows i, i + 1, ... (each run filled)
+    needs = [0] * (len(order) + 1)
+    for start in reversed(range(len(order))):
+        needs[start] = 1 + needs[min(len(order), start + fits[start])]
+    count = max(count, needs[0])
+    left_tokens = sum(lengths)
+    micro_batches = []
+    start = 0
+    for left in range(min(count, len(order)), 0, -1):  # runs left
+        target = left_tokens / left
+        # its rows fit, and each later run keeps a row
+        limit = min(start + fits[start], len(order) - left + 1)
+        end, longest = start + 1, lengths[start]
+        while end < limit:
+            padded = (end - start) * longest
+            grown = (end + 1 - start) * max(longest, lengths[end])
+            # grow while the later runs cannot hold the rest, then toward the target
+            if needs[end] < left and abs(grown - target) > abs(padded - target):
+                break
+            longest = max(longest, lengths[end])
+            end += 1
+        micro_batches.append(order[start:end])
+        left_tokens -= sum(lengths[start:end])
+        start = end
+    # heaviest first: a lockstep pass waits on its heaviest rank
+    micro_batches.sort(key=lambda run: -len(run) * max(row_lengths[i] for i in run))
+    return micro_batches
+
+
+def lockstep_passes(positions, sizes: dict, world_size: int, split: Split) -> int:
+    """A mini-batch's passes on every rank: as many as the busiest rank needs. FSDP2
+    gathers the weights in each forward and backward and reduces the gradients, for
+    one token as for 16,384 (verl agrees on the count by an all-reduce; here every rank
+    plans every other's)."""
+    most = 0
+    for rank in range(world_size):
+        row_lengths = [length for p in positions if p % world_size == rank
+                       for length in sizes[p].row_lengths]
+        fewest = split_micro_batches(row_lengths, 0, split.max_rows, split.max_tokens)
+        most = max(most, len(fewest))
+    return most
+
+
+def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int,
+                       split: Split) -> list[list[tuple[int, int]]]:
+    """Rank `rank`'s micro-batches of a mini-batch, as (position, sample) pairs: whole
+    groups, a prompt's samples on one rank; lockstep_passes of them, fewer only if it
+    holds fewer rows. Any rank plans any other's."""
+    held = [(p, i) for p in positions if p % world_size == rank
+            for i in range(len(sizes[p].row_lengths))]
+    row_lengths = [sizes[p].row_lengths[i] for p, i in held]
+    count = lockstep_passes(positions, sizes, world_size, split)
+    micro_batches = split_micro_batches(row_lengths, count, split.max_rows, split.max_tokens)
+    return [[held[j] for j in micro] for micro in micro_batches]
+
+
+def build_mini_batch(positions, my_groups: dict, sizes: dict, split: Split, d: Dist,
+                     pad_id: int) -> MiniBatch:
+    """This rank's micro-batches of the prompts at `positions`, as tensors, and N."""
+    micro = []
+    for pairs in rank_micro_batches(positions, sizes, d.rank, d.world_size, split):
+        samples = [my_groups[p][i] for p, i in pairs]
+        micro.append(collate(samples, pad_id, d.device, split.share_prompts))
+    # Lockstep: a rank with fewer rows than the passes (or none) runs an idle
+    # micro-batch for each missing one: a one-token sample with Â = 0, an exactly zero
+    # gradient.
+    passes = lockstep_passes(positions, sizes, d.world_size, split)
+    if passes > len(micro):
+        # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
+        idle = IdleSample([pad_id], [pad_id], old_logprobs=torch.zeros(1, device=d.device))
+        idle_batch = collate([idle], pad_id, d.device, split.share_prompts)
+        idle_batch["idle"] = True
+        micro += [idle_batch] * (passes - len(micro))
+    num_tokens = sum(sizes[p].response_tokens for p in positions)
+    return MiniBatch(micro, num_tokens)
+
+
+@dataclass
+class IdleSample:
+    """What collate reads of a sample (rlep.Sample has more), for an idle pass; the
+    update writes its π_θold as it does a sample's."""
+    prompt_ids: list
+    completion_ids: list
+    advantage: float = 0.0
+    replay: bool = False
+    old_logprobs: torch.Tensor = None
+
+
+def group_sizes(my_groups: dict, d: Dist) -> dict:
+    """Every rank's groups' sizes, {position: GroupSize}, from this rank's {position:
+    group}: what any rank needs to plan any other's micro-batches (one small gather)."""
+    my_sizes = []
+    for position, group in my_groups.items():
+        response_tokens = sum(len(s.completion_ids) for s in group)
+        row_lengths = tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group)
+        my_sizes.append(GroupSize(position, response_tokens, row_lengths))
+    return {g.position: g for g in gather_lists(my_sizes, d)}
+
+
+def epoch_mini_batches(my_groups: dict, sizes: dict, num_updates: int, epoch: int,
+                       seed: int, split: Split, d: Dist, pad_id: int) -> list[MiniBatch]:
+    """An epoch's mini-batches (plan_mini_batches): this rank's micro-batches of each, as
+    many passes as every other rank's, and N, the mini-batch's tokens on all ranks."""
+    runs = plan_mini_batches(len(sizes), num_updates, epoch, seed)
+    return [build_mini_batch(positions, my_groups, sizes, split, d, pad_id)
+            for positions in runs]
+
+
+def collate(samples: list, pad_id: int, device, share_prompts: bool = False) -> dict:
+    """A micro-batch as tensors; a row is [prompt | response], positions from 0 as in vLLM.
+    With share_prompts a row holds a prompt once, then each of its responses, each seeing
+    only the prompt and itself (a block-causal mask): the prompt's forward and backward
+    run once, not n times. Otherwise the mask stays 2-D (fused attention kernels).
+    samples: rlep.Sample's (prompt_ids, completion_ids, advantage, replay, old_logprobs).
+    The keys rlep.TokenLogProbs reads: input_ids, position_ids, attention_mask; sources,
+    the flat (row, column) of the state that predicts each response token; targets,
+    those tokens; completion_index, where each lands in the (S, L) output."""
+    members = collections.defaultdict(list)  # row key -> the indices of its samples
+    for i, s in enumerate(samples):
+        members[tuple(s.prompt_ids) if share_prompts else i].append(i)
+    # per row: tokens, positions, segments (0: the prompt, j: its j-th response)
+    tokens, positions, segments = [], [], []
+    # per sample: the (row, column) of the state that predicts each of its tokens
+    sources = [None] * len(samples)
+    for ids in members.values():
+        prompt = samples[ids[0]].prompt_ids
+        p = len(prompt)
+        r = len(tokens)
+        tokens.append(list(prompt))
+        positions.append(list(range(p)))
+        segments.append([0] * p)
+        for j, i in enumerate(ids):
+            completion = samples[i].completion_ids
+            # state t - 1 predicts token t: the first token's is the prompt's last
+            start = len(tokens[r])
+            sources[i] = [(r, p - 1)] + [(r, start + t) for t in range(len(completion) - 1)]
+            tokens[r] += completion
+            # positions continue the prompt's, as vLLM numbers them
+            positions[r] += range(p, p + len(completion))
+            segments[r] += [j + 1] * len(completion)
+    length = max(map(len, tokens))
+
+    def pad(lists, value):  # -> (R, L)
+        return torch.tensor([x + [value] * (length - len(x)) for x in lists])
+
+    segments = pad(segments, -1)  # (R, L), -1 on padding
+    query, key = segments.unsqueeze(2), segments.unsqueeze(1)  # (R, L, 1), (R, 1, L)
+    # a token sees the prompt and its own response, causally: (R, 1, L, L)
+    attention = ((key == 0) | (key == query)).tril().unsqueeze(1)
+    if not share_prompts:
+        attention = (segments >= 0).long()  # (R, L)
+    lengths = torch.tensor([len(s.completion_ids) for s in samples])  # (S,)
+    completion_mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)  # (S, L)
+    batch = {
+        "input_ids": pad(tokens, pad_id),  # (R, L)
+        "position_ids": pad(positions, 0),  # (R, L)
+        "attention_mask": attention,
+        "sources": torch.tensor([r * length + t for s in sources for r, t in s]),  # (tokens,)
+        "targets": torch.tensor([t for s in samples for t in s.completion_ids]),  # (tokens,)
+        "completion_mask": completion_mask.long(),  # (S, L)
+        # (tokens,) positions in (S * L), in the order of targets
+        "completion_index": completion_mask.flatten().nonzero().squeeze(1),
+        "advantages": torch.tensor([s.advantage for s in samples]).float(),  # (S,)
+        "replays": torch.tensor([s.replay for s in samples]),  # (S,)
+    }
+    batch = {k: v.to(device) for k, v in batch.items()}
+    if all(s.old_logprobs is not None for s in samples):
+        # π_θold, carried by the samples as their advantages are (epochs after the first)
+        batch["old_logprobs"] = torch.nn.utils.rnn.pad_sequence(
+            [s.old_logprobs for s in samples], batch_first=True)  # (S, L), 0 after the end
+    batch["samples"] = samples
+    # the rows' real tokens: what the forward costs
+    batch["row_tokens"] = sum(map(len, tokens))
+    return batch

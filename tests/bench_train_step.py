@@ -16,7 +16,7 @@ The policy comes from rlep.build_policy itself, single-process
 (rlep.Dist(False, 0, 1, device, True)): fp32 master weights, train mode, gradient checkpointing
 (non-reentrant), rlep.TokenLogProbs, AdamW. Only its from_pretrained is swapped for from_config on
 the target device (random weights of the Qwen2.5 shape; nothing downloaded, no 15-30 GB checkpoint
-written and read back). Batches: rlep.collate (paper preset: 2-D attention masks). Per micro-batch
+written and read back). Batches: machinery.collate (paper preset: 2-D attention masks). Per micro-batch
 size, rlep.ppo_update's stages: old-log-prob pass (no_grad, bf16 autocast without weight cache); a
 mini-batch of two fwd + policy_loss + bwd (the first creates the grads, the second adds);
 clip_grad_norm_, AdamW step, zero_grad.
@@ -61,6 +61,7 @@ repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo_root)
 import builtin  # noqa: E402
 import data  # noqa: E402
+import machinery  # noqa: E402
 import rlep  # noqa: E402
 
 # Qwen2.5 shapes (their config.json files);
@@ -117,7 +118,7 @@ def forward_flops(config, seq_lens, response_lens, verl_count=False) -> float:
 
 def make_batch(micro_batch_size, prompt_len, response_len, vocab_size, device, share_prompts,
                seed=0) -> dict:
-    """A micro-batch from rlep.collate: the first row has the full prompt_len + response_len
+    """A micro-batch from machinery.collate: the first row has the full prompt_len + response_len
     tokens (the shape that sets peak memory), the others random shorter prompts and responses,
     right-padded to the longest."""
     rng = np.random.default_rng(seed)
@@ -130,7 +131,7 @@ def make_batch(micro_batch_size, prompt_len, response_len, vocab_size, device, s
         advantage = float(rng.standard_normal())
         samples.append(rlep.Sample(prompt_ids=prompt_ids, completion_ids=completion_ids,
                                    correct=False, reward=0.0, advantage=advantage))
-    return rlep.collate(samples, pad_id=0, device=device, share_prompts=share_prompts)
+    return machinery.collate(samples, pad_id=0, device=device, share_prompts=share_prompts)
 
 
 def fmt(value, width: int, spec: str) -> str:

@@ -12,6 +12,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import builtin
 import data
+import machinery
 import rlep
 
 
@@ -148,7 +149,7 @@ def test_token_logprobs_match_a_direct_forward(share_prompts):
     samples = [rlep.Sample([1, 2, 3], [4, 5], False, 0.0),
                rlep.Sample([6, 7], [8, 9, 10, 11], False, 0.0),
                rlep.Sample([1, 2, 3], [12, 13, 14], False, 0.0)]
-    batch = rlep.collate(samples, pad_id=0, device="cpu", share_prompts=share_prompts)
+    batch = machinery.collate(samples, pad_id=0, device="cpu", share_prompts=share_prompts)
     assert batch["input_ids"].shape[0] == (2 if share_prompts else 3)
     logps = rlep.TokenLogProbs(model, temperature=0.7, chunk_tokens=2)(batch)  # (B, T)
     assert logps.shape == (3, 4)

@@ -24,6 +24,7 @@ from transformers import AutoTokenizer
 
 import data
 import eval
+import machinery
 import rlep
 import verify
 
@@ -126,7 +127,7 @@ def test_the_first_update_is_the_token_mean_policy_gradient(tiny_model):
     policy, optimizer = rlep.build_policy(tiny_model, cfg, single)
     groups = fixed_groups(two_prompts, 2)
     samples = [s for g in groups for s in g]
-    batch = rlep.collate(samples, 0, cpu)
+    batch = machinery.collate(samples, 0, cpu)
     logprobs = policy(batch)
     advantages = torch.tensor([s.advantage for s in samples])
     (-(advantages[:, None] * logprobs * batch["completion_mask"]).sum() / 36).backward()

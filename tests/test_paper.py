@@ -706,7 +706,7 @@ paper_values = [
 not_the_papers = {"out_dir", "micro_batch_size", "micro_batch_tokens", "share_prompts",
                   "replay_coef", "phase", "resume", "dtype", "gradient_checkpointing",
                   "gpu_memory_utilization", "timeout_minutes", "keep_checkpoints",
-                  "log_samples", "progress", "cache_dir", "preset"}
+                  "log_samples", "progress", "cache_dir", "preset", "wandb_project"}
 
 
 @pytest.mark.parametrize("name, value, source", paper_values, ids=[v[0] for v in paper_values])

@@ -7,6 +7,7 @@ import torch
 from transformers import AutoTokenizer
 
 import data
+import machinery
 import rlep
 
 cpu = torch.device("cpu")
@@ -78,7 +79,7 @@ def test_imitated_replays_take_no_advantage_and_their_loss_is_the_hand_computed_
         # no weight decay: with a zero gradient nothing may move
         cfg.replay_coef, cfg.lr, cfg.weight_decay = coef, 1e-3, 0.0
         policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
-        batch = rlep.collate(all_wrong[4:], 0, cpu)
+        batch = machinery.collate(all_wrong[4:], 0, cpu)
         with torch.no_grad():
             before = (policy(batch) * batch["completion_mask"]).sum()
         stats = rlep.ppo_update(policy, optimizer, [all_wrong], 6, cfg, d, 0, seed=0)

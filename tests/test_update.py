@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 import data
+import machinery
 import rlep
 
 cpu = torch.device("cpu")
@@ -94,11 +95,11 @@ def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, m
     groups = make_groups(4, cfg.n, seed=5)
     # log π_θ at the start of the step, one sample at a time
     with torch.no_grad():
-        start = {id(s): policy(rlep.collate([s], 0, cpu))[0, :len(s.completion_ids)]
+        start = {id(s): policy(machinery.collate([s], 0, cpu))[0, :len(s.completion_ids)]
                  for g in groups for s in g}
     collated = []
     old_used = []
-    real_collate = rlep.collate
+    real_collate = machinery.collate
     real_loss = rlep.policy_loss
 
     def recording_collate(samples, *a, **k):
@@ -108,7 +109,7 @@ def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, m
     def recording_loss(lp, old, *a, **k):
         old_used.append(old)
         return real_loss(lp, old, *a, **k)
-    monkeypatch.setattr(rlep, "collate", recording_collate)
+    monkeypatch.setattr(machinery, "collate", recording_collate)
     monkeypatch.setattr(rlep, "policy_loss", recording_loss)
     mini_batch = cfg.mini_batch_prompts * cfg.n
     stats = rlep.ppo_update(policy, optimizer, groups, mini_batch, cfg, d, 0, seed=1)

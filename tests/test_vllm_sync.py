@@ -6,6 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import data
+import machinery
 import rlep
 
 
@@ -22,7 +23,7 @@ def vllm_samples(engine, prompts, seed, temperature=1.0):
 
 
 def max_logprob_gap(model, samples, temperature=1.0):
-    batch = rlep.collate(samples, pad_id=0, device="cpu", share_prompts=True)
+    batch = machinery.collate(samples, pad_id=0, device="cpu", share_prompts=True)
     with torch.no_grad():
         ours = rlep.TokenLogProbs(model, temperature)(batch)  # (B, T)
     return max(abs(ours[i, t].item() - lp)
@@ -46,7 +47,7 @@ def test_vllm_logprobs_match_trainer_before_and_after_push(engine, tiny_model):
     # change the weights a lot, push, and check that vLLM now samples from the new weights
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(3):
-        batch = rlep.collate(samples, pad_id=0, device="cpu")
+        batch = machinery.collate(samples, pad_id=0, device="cpu")
         (-rlep.TokenLogProbs(model, 1.0)(batch).sum()).backward()
         optimizer.step()
         optimizer.zero_grad()
