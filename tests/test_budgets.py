@@ -10,7 +10,7 @@ import pytest
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 max_lines = {"rlep.py": 1200, "verify.py": 560, "eval.py": 360, "README.md": 350}
-narrow_files = ["rlep.py", "verify.py", "eval.py", "data.py", "builtin.py"] + sorted(
+narrow_files = ["rlep.py", "verify.py", "eval.py", "data.py", "builtin.py", "checks.py"] + sorted(
     os.path.relpath(path, root) for path in glob.glob(os.path.join(root, "tests", "*.py")))
 
 
