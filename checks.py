@@ -186,11 +186,14 @@ def stop_line(why: str, cfg, argv: list, where: str) -> str:
     continues it. cfg: the command's rlep.Config."""
     if not os.path.isfile(os.path.join(cfg.out_dir, "config.json")):
         return f"rlep.py: stopped ({why}) in {where}; nothing written"
-    saved = [f"{part} step {latest_checkpoint(os.path.join(cfg.out_dir, part))[0]}"
-             for part in ("phase1", "phase2")]
-    if read_collection(os.path.join(cfg.out_dir, "collect"))[0]:
-        saved.insert(1, "the pool")
+    first, second = (latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
+                     for part in ("phase1", "phase2"))
+    pooled, done = read_collection(os.path.join(cfg.out_dir, "collect"))
+    held = [(f"phase1 step {first}", first), ("the pool", pooled),
+            (f"the collection's first {len(done)} prompts", done and not pooled),
+            (f"phase2 step {second}", second)]
+    saved = ", ".join(name for name, there in held if there) or "no checkpoint yet"
     launcher = "torchrun [as before]" if "RANK" in os.environ else "python"
     command = shlex.join([sys.argv[0], *argv] + ([] if cfg.resume else ["--resume"]))
-    return (f"rlep.py: stopped ({why}) in {where}; saved in {cfg.out_dir}: {', '.join(saved)}; "
-            f"continue with: {launcher} {command}")
+    return (f"rlep.py: stopped ({why}) in {where}; saved in {cfg.out_dir}: {saved}; continue "
+            f"with: {launcher} {command}")

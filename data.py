@@ -79,7 +79,7 @@ def from_dapo_schema(raw: dict, where: str) -> dict:
                   for m in messages or []]
     if not isinstance(messages, list) or not messages or not all(is_message):
         raise UserError(f"{where}: 'prompt' must be a non-empty list "
-                         "of {role, content} messages")
+                        "of {role, content} messages")
     if (not isinstance(reward_model, dict)
             or reward_model.get("ground_truth") in (None, "")):
         raise UserError(f"{where}: missing 'reward_model.ground_truth'")
@@ -102,13 +102,13 @@ def normalize_row(raw: dict, where: str) -> dict:
     for key in ("problem", "answer"):
         if raw.get(key) in (None, ""):
             raise UserError(f"{where}: missing '{key}' (or use the DAPO "
-                             "schema: prompt + reward_model)")
+                            "schema: prompt + reward_model)")
     responses = raw.get("responses")
     if responses is not None:
         if not isinstance(responses, (list, tuple)) or not all(
                 isinstance(r, str) for r in responses):
             raise UserError(f"{where}: responses/candidates must be a "
-                             "list of strings")
+                            "list of strings")
         responses = list(responses)
     problem = str(raw["problem"])
     row_id = raw.get("id") or hashlib.sha1(problem.encode()).hexdigest()[:12]
@@ -161,8 +161,8 @@ def read_rows(path: str, pool: bool = False) -> list[dict]:
         print(f"{path}: {left_out} rows without reward_model.candidates left out of the pool",
               flush=True)
     if not rows:
-        raise UserError(f"{path}: no rows" + (" with pooled responses ('responses' or "
-                                              "'reward_model.candidates')" if pool else ""))
+        pooled = " with pooled responses ('responses' or 'reward_model.candidates')"
+        raise UserError(f"{path}: no rows{pooled if pool else ''}")
     return list(rows.values())
 
 def text_lines(path: str) -> list[str]:
@@ -343,7 +343,7 @@ def check_save_plan(cfg):
     collects = cfg.phase in ("all", "collect") and not cfg.pool
     if collects and not 1 <= cfg.collect_step <= cfg.phase1_steps:
         raise UserError(f"--collect_step {cfg.collect_step}: the collection needs a phase-one "
-                         f"checkpoint, a step from 1 to --phase1_steps {cfg.phase1_steps}")
+                        f"checkpoint, a step from 1 to --phase1_steps {cfg.phase1_steps}")
 
 def folder_bytes(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(root, name))

@@ -204,8 +204,8 @@ def test_a_refusal_on_rank_0_stops_both_ranks(tmp_path, cache_dir):
     out = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", os.path.join(repo, "rlep.py"), "--preset", "tiny", "--out_dir", str(out),
-               "--cache_dir", str(cache_dir)]
+               "--nproc_per_node=2", os.path.join(repo, "rlep.py"), "--preset", "tiny",
+               "--out_dir", str(out), "--cache_dir", str(cache_dir)]
     start = time.time()
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode != 0
