@@ -35,6 +35,8 @@ number_ranges = {
     "> 0": "temperature top_p grad_clip collect_temperature collect_top_p "
            "gpu_memory_utilization",
     "<= 1": "top_p collect_top_p gpu_memory_utilization",
+    # vLLM's bound
+    "<= 2": "temperature collect_temperature",
     "< 1": "clip_low",
     # the dual clip bounds a negative advantage's loss where the ratio passes c > 1 + ε_high
     "> 1": "clip_c",

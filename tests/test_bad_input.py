@@ -109,6 +109,8 @@ bad_inputs = [
      "--mini_batch_prompts 16: must be at most --prompts_per_step 8"),
     ("--temperature 0", ["--temperature", "0"], None, "--temperature 0.0: must be above 0"),
     ("--top_p 0", ["--top_p", "0"], None, "--top_p 0.0: must be above 0"),
+    ("--collect_temperature 3", ["--collect_temperature", "3"], None,
+     "--collect_temperature 3.0: must be at most 2"),
     ("--top_p 1.5", ["--top_p", "1.5"], None, "--top_p 1.5: must be at most 1"),
     ("--collect_top_p 0", ["--collect_top_p", "0"], None, "--collect_top_p 0.0: must be above 0"),
     ("--clip_low 1", ["--clip_low", "1"], None, "--clip_low 1.0: must be below 1"),

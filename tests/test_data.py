@@ -77,7 +77,7 @@ def test_bad_json_and_missing_files(tmp_path):
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(b'{"problem": "a", "answer": "1"}\n{"problem": "caf\xe9", "answer": "1"}\n')
     with pytest.raises(data.UserError, match=r"latin1.jsonl: row 2: not UTF-8 \(byte 0xe9 at "
-                       "offset 16\)"):
+                       r"offset 16\)"):
         data.read_rows(str(path))
 
 
