@@ -2,8 +2,10 @@
 a step's row of metrics.jsonl and a finished run's report; not the method.
 
     write_atomic, read_jsonl, append_jsonl     files a crash never leaves half-written
+    UserError                                  bad input: one line, exit 2 (rlep.py, eval.py)
     read_rows, save_pool, load_pool            data rows and the experience pool, checked
     save_checkpoint, load_trainer_state, ...   checkpoints: written whole, pruned, sized
+    check_disk, disk_budget, checkpoint_size   the disk a command's checkpoints and logs need
     step_counts, step_record, log_step         a training step's row of metrics.jsonl
     comparison_table, plot_comparison          a finished run's baseline-vs-RLEP report
     start_wandb, track, finish_wandb           live curves on Weights & Biases (optional)
@@ -17,6 +19,7 @@ import json
 import os
 import shutil
 from dataclasses import asdict
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -26,6 +29,11 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from builtin import builtin_rows
+
+class UserError(ValueError):
+    """Bad input (a flag, file, row, folder, the disk): rlep.py prints the message as one
+    line and exits 2; anything else keeps its traceback."""
+
 
 # ---------------------------------------------------------------------------
 # Files: written whole or not at all; a JSONL line cut short by a kill is
@@ -41,7 +49,6 @@ def write_atomic(path: str, text: str):
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
-
 def read_jsonl(path: str) -> list:
     """The rows of a JSONL file (none if it is missing), without a last
     line cut short by a kill."""
@@ -52,7 +59,6 @@ def read_jsonl(path: str) -> list:
         with contextlib.suppress(json.JSONDecodeError):
             rows.append(json.loads(line))
     return rows
-
 
 def append_jsonl(path: str, rows: list):
     with open(path, "a") as f:
@@ -73,11 +79,11 @@ def from_dapo_schema(raw: dict, where: str) -> dict:
     is_message = [isinstance(m, dict) and {"role", "content"} <= set(m)
                   for m in messages or []]
     if not isinstance(messages, list) or not messages or not all(is_message):
-        raise ValueError(f"{where}: 'prompt' must be a non-empty list "
-                         "of {role, content} messages")
+        raise UserError(f"{where}: 'prompt' must be a non-empty list "
+                        "of {role, content} messages")
     if (not isinstance(reward_model, dict)
             or reward_model.get("ground_truth") in (None, "")):
-        raise ValueError(f"{where}: missing 'reward_model.ground_truth'")
+        raise UserError(f"{where}: missing 'reward_model.ground_truth'")
     prompt = [{"role": m["role"], "content": m["content"]} for m in messages]
     return {
         **raw,
@@ -87,24 +93,23 @@ def from_dapo_schema(raw: dict, where: str) -> dict:
         "responses": reward_model.get("candidates"),
     }
 
-
 def normalize_row(raw: dict, where: str) -> dict:
     """A DAPO row or {"problem", "answer" [, "responses"]}, checked."""
     if not isinstance(raw, dict):
         kind = type(raw).__name__
-        raise ValueError(f"{where}: expected a JSON object, got {kind}")
+        raise UserError(f"{where}: expected a JSON object, got {kind}")
     if "reward_model" in raw:
         raw = from_dapo_schema(raw, where)
     for key in ("problem", "answer"):
         if raw.get(key) in (None, ""):
-            raise ValueError(f"{where}: missing '{key}' (or use the DAPO "
-                             "schema: prompt + reward_model)")
+            raise UserError(f"{where}: missing '{key}' (or use the DAPO "
+                            "schema: prompt + reward_model)")
     responses = raw.get("responses")
     if responses is not None:
         if not isinstance(responses, (list, tuple)) or not all(
                 isinstance(r, str) for r in responses):
-            raise ValueError(f"{where}: responses/candidates must be a "
-                             "list of strings")
+            raise UserError(f"{where}: responses/candidates must be a "
+                            "list of strings")
         responses = list(responses)
     problem = str(raw["problem"])
     row_id = raw.get("id") or hashlib.sha1(problem.encode()).hexdigest()[:12]
@@ -119,38 +124,72 @@ def normalize_row(raw: dict, where: str) -> dict:
     }
     return {k: v for k, v in row.items() if v is not None}
 
-
-def read_rows(path: str) -> list[dict]:
-    """The rows of a JSONL or parquet file (or a built-in task),
-    de-duplicated by problem text, in file order."""
+def read_rows(path: str, pool: bool = False) -> list[dict]:
+    """The rows of a JSONL or parquet file (or a built-in task), de-duplicated by problem
+    text, in file order. pool: each row must carry responses; a DAPO row without
+    candidates is left out, and the rows left out are counted in a line."""
     if path.startswith("builtin:"):
-        return builtin_rows(path)
+        try:
+            return builtin_rows(path)
+        except ValueError as e:
+            raise UserError(str(e)) from None
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such data file")
+        raise UserError(f"{path}: no such data file")
     if not path.endswith((".parquet", ".jsonl", ".json")):
-        raise ValueError(f"{path}: unknown format (use .jsonl or .parquet)")
+        raise UserError(f"{path}: unknown format (use .jsonl or .parquet)")
     if path.endswith(".parquet"):
-        # only parquet needs it
-        import pyarrow.parquet
-        table = pyarrow.parquet.read_table(path)
-        lines = enumerate(table.to_pylist(), start=1)
+        lines = enumerate(parquet_rows(path), start=1)
     else:
-        lines = [(i, line) for i, line in enumerate(open(path), start=1)
-                 if line.strip()]
-    rows = {}
+        lines = [(i, text) for i, text in enumerate(text_lines(path), start=1)
+                 if text.strip()]
+    rows, left_out = {}, 0
     for i, raw in lines:
         where = f"{path}: row {i}"
         if isinstance(raw, str):
             try:
                 raw = json.loads(raw)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+                raise UserError(f"{where}: not valid JSON ({e.msg})") from None
         row = normalize_row(raw, where)
+        if pool and not row.get("responses"):
+            if "reward_model" not in raw:
+                raise UserError(f"{where}: no 'responses' (a pool row carries its prompt's "
+                                "verified answers, a non-empty list)")
+            left_out += 1
+            continue
         rows.setdefault(row["problem"], row)
+    if left_out:
+        print(f"{path}: {left_out} rows without reward_model.candidates left out of the pool",
+              flush=True)
     if not rows:
-        raise ValueError(f"{path}: no rows")
+        pooled = " with pooled responses ('responses' or 'reward_model.candidates')"
+        raise UserError(f"{path}: no rows{pooled if pool else ''}")
     return list(rows.values())
 
+def text_lines(path: str) -> list[str]:
+    """A JSONL file's lines, each decoded on its own: a bad byte is named by row."""
+    lines = []
+    with open(path, "rb") as f:
+        for i, line in enumerate(f, start=1):
+            try:
+                lines.append(line.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                raise UserError(f"{path}: row {i}: not UTF-8 (byte 0x{line[e.start]:02x} at "
+                                f"offset {e.start})") from None
+    return lines
+
+def parquet_rows(path: str) -> list[dict]:
+    # only parquet needs it
+    import pyarrow.parquet
+    try:
+        table = pyarrow.parquet.read_table(path)
+    except pyarrow.ArrowException as e:
+        raise UserError(f"{path}: not a readable parquet file ({e})") from None
+    names = set(table.column_names)
+    if not ({"problem", "answer"} <= names or {"prompt", "reward_model"} <= names):
+        raise UserError(f"{path}: columns {sorted(names)}; wanted problem and answer, or "
+                        "DAPO's prompt and reward_model")
+    return table.to_pylist()
 
 def save_pool(path: str, rows: list[dict]):
     keys = ("id", "problem", "answer", "responses", "prompt")
@@ -173,12 +212,8 @@ def read_collection(out: str) -> tuple[bool, dict]:
 
 def load_pool(path: str) -> list[dict]:
     """A pool file: our pool.jsonl, or any data file whose rows carry responses (DAPO:
-    reward_model.candidates)."""
-    rows = [r for r in read_rows(path) if r.get("responses")]
-    if not rows:
-        raise ValueError(f"{path}: no row has pooled responses ('responses' or "
-                         "'reward_model.candidates')")
-    return rows
+    reward_model.candidates), read whole or refused."""
+    return read_rows(path, pool=True)
 
 
 # ---------------------------------------------------------------------------
@@ -226,21 +261,25 @@ def prune_checkpoints(part_dir: str, keep: int, protected: set[int]):
             os.replace(folder, folder + ".deleting")
             shutil.rmtree(folder + ".deleting")
 
-def remove_leftovers(out_dir: str):
-    """A stopped prune's `step_*.deleting` folders and a stopped save's `step_*.tmp`:
-    dead weight that the disk check would count as used. Rank 0, before the run writes."""
+def leftovers(out_dir: str) -> list[str]:
+    """A stopped prune's `step_*.deleting` folders and a stopped save's `step_*.tmp`: dead
+    weight, which the disk check counts as free."""
     found = []
     for part in ("phase1", "phase2"):
         part_dir = os.path.join(out_dir, part)
         names = os.listdir(part_dir) if os.path.isdir(part_dir) else []
         found += [os.path.join(part_dir, name) for name in sorted(names)
                   if name.startswith("step_") and name.endswith((".deleting", ".tmp"))]
+    return found
+
+def remove_leftovers(out_dir: str):
+    """The leftovers, removed by rank 0 before the run writes."""
+    found = leftovers(out_dir)
     for folder in found:
         shutil.rmtree(folder)
     if found:
         names = ", ".join(os.path.relpath(f, out_dir) for f in found)
         print(f"removed what a stopped save or prune left: {names}", flush=True)
-
 
 def save_checkpoint(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
                     protected: set[int] = frozenset()):
@@ -289,7 +328,6 @@ def load_trainer_state(ckpt: str, policy, optimizer):
     trainer_state = torch.load(os.path.join(ckpt, "trainer_state.pt"), map_location="cpu")
     torch.set_rng_state(trainer_state["torch_rng"])
 
-
 def save_plan(cfg, part: str) -> list[int]:
     """The steps a part saves (cfg: rlep.Config): every save_every-th and its last; phase
     one also collect_step, which the collection reads."""
@@ -305,28 +343,54 @@ def check_save_plan(cfg):
     Only a command that collects needs it: not --phase 1 or 2, nor a run given --pool."""
     collects = cfg.phase in ("all", "collect") and not cfg.pool
     if collects and not 1 <= cfg.collect_step <= cfg.phase1_steps:
-        raise ValueError(f"--collect_step {cfg.collect_step}: the collection needs a phase-one "
-                         f"checkpoint, a step from 1 to --phase1_steps {cfg.phase1_steps}")
+        raise UserError(f"--collect_step {cfg.collect_step}: the collection needs a phase-one "
+                        f"checkpoint, a step from 1 to --phase1_steps {cfg.phase1_steps}")
+
+def folder_bytes(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(folder) for name in names)
 
 def held_checkpoints(out_dir: str) -> dict:
-    """{(part, step): whole} of a run's complete checkpoints; whole: with AdamW's state,
-    else weights only."""
+    """{(part, step): (bytes, bytes without AdamW's state)} of a run's complete checkpoints,
+    measured."""
     held = {}
     for part in ("phase1", "phase2"):
         part_dir = os.path.join(out_dir, part)
         for step in complete_checkpoints(part_dir):
-            optimizer = os.path.join(checkpoint_path(part_dir, step), "optimizer")
-            held[part, step] = os.path.isdir(optimizer)
+            folder = checkpoint_path(part_dir, step)
+            size = folder_bytes(folder)
+            held[part, step] = (size, size - folder_bytes(os.path.join(folder, "optimizer")))
     return held
 
-def disk_budget(cfg, params: int, held: dict) -> dict:
+class CheckpointSize(NamedTuple):
+    whole: int  # bytes: weights, AdamW's state, tokenizer, trainer state
+    weights: int  # without AdamW's state (the collection's step, once pruned)
+
+def checkpoint_size(model_path: str, ranks: int = 1) -> CheckpointSize:
+    """A checkpoint's bytes before one is written: fp32 weights (4 bytes a parameter), AdamW's
+    two moments (8), a tensor's records (1 KiB in safetensors' header, 8 KiB a rank in DCP's
+    files), the model folder's other files (tokenizer, config), 16 KiB of trainer state. The
+    tiny model: 1,662,188 B; 1,576,574 B measured. The model is built on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    tensors = list(model.parameters())  # tied ones once, as a checkpoint saves them
+    params = sum(p.numel() for p in tensors)
+    names = os.listdir(model_path) if os.path.isdir(model_path) else []
+    files = [os.path.join(model_path, name) for name in names
+             if not name.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf"))]
+    weights = 4 * params + (1 << 10) * len(tensors) + (16 << 10)
+    weights += sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    return CheckpointSize(weights + 8 * params + (8 << 10) * len(tensors) * ranks, weights)
+
+def disk_budget(cfg, size: CheckpointSize, held: dict) -> dict:
     """Bytes of checkpoints, at their peak, of the parts this command runs (cfg.phase),
-    from what the run holds now (`held`, from held_checkpoints): fp32 weights (4 bytes a
-    parameter) and AdamW's two fp32 moments (8). The saves are replayed as save_checkpoint
-    and prune_checkpoints make them: a new checkpoint is written whole beside the others,
-    then the older ones are pruned. Phase one's checkpoints stay through phase two."""
-    checkpoint, weights = 12 * params, 4 * params
-    sizes = {key: checkpoint if whole else weights for key, whole in held.items()}
+    from what the run holds now (`held`, from held_checkpoints) and a new checkpoint's
+    `size`. The saves are replayed as save_checkpoint and prune_checkpoints make them: a new
+    checkpoint is written whole beside the others, then the older ones are pruned. Phase
+    one's checkpoints stay through phase two."""
+    sizes = {key: now for key, (now, _) in held.items()}
+    weights = {key: alone for key, (_, alone) in held.items()}
     on_disk = peak = sum(sizes.values())
     parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"]}
     for part in parts.get(cfg.phase, []):
@@ -337,44 +401,54 @@ def disk_budget(cfg, params: int, held: dict) -> dict:
         for step in save_plan(cfg, part):
             if step <= done:
                 continue
-            sizes[part, step] = checkpoint
+            sizes[part, step], weights[part, step] = size
             peak = max(peak, sum(sizes.values()))
             mine = sorted(s for p, s in sizes if p == part)
             for old in pruned(mine, cfg.keep_checkpoints):
                 if old in protected:
-                    sizes[part, old] = weights
+                    sizes[part, old] = weights[part, old]
                 else:
                     del sizes[part, old]
-    return {"per_checkpoint": checkpoint, "peak": peak, "on_disk": on_disk,
+    return {"per_checkpoint": size.whole, "peak": peak, "on_disk": on_disk,
             "need": peak - on_disk}
 
-def count_params(model_path: str) -> int:
-    """Parameters of a model folder (tied ones once, as a checkpoint saves them), built on
-    the meta device: nothing is read but its config."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    return sum(p.numel() for p in model.parameters())
+def log_bytes(cfg, num_rows: int) -> int:
+    """What a run writes beside its checkpoints, generously: a step's metrics (2 kB, 120 B a
+    prompt) and samples (8 B a token), the collection's progress.jsonl and pool.jsonl (each
+    prompt's K answers at L_max tokens of 4 B: both copies of the right ones, if at most half
+    are), 1 MB for config.json, timings.json, curves.png."""
+    steps = cfg.phase1_steps * (cfg.phase in ("all", "1"))
+    steps += cfg.phase2_steps * (cfg.phase in ("all", "2"))
+    sample = 8 * (cfg.max_prompt_len + cfg.max_response_len)
+    per_step = 2000 + 120 * cfg.prompts_per_step + cfg.log_samples * sample
+    collects = cfg.phase in ("all", "collect") and not cfg.pool
+    pool = 4 * cfg.collect_k * cfg.max_response_len * num_rows
+    return steps * per_step + collects * pool + 10**6
 
-def check_disk(cfg, model_path: str):
-    """Refuse to start a command whose phase one would not save the collection's step, or
-    whose checkpoints would not fit on the output disk. Called before anything is written,
-    so that a refused start leaves no run behind."""
-    check_save_plan(cfg)
-    need = disk_budget(cfg, count_params(model_path), held_checkpoints(cfg.out_dir))
+def show_bytes(n: float) -> str:
+    """GB, MB below a GB, kB below an MB."""
+    size, unit = next(x for x in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (0, "B")) if n >= x[0])
+    return f"{n / max(size, 1):.1f} {unit}"
+
+def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1):
+    """Refuse a command whose checkpoints, metrics, samples and pool would not fit on the
+    output disk (num_rows: the training prompts the collection answers). Called before
+    anything is written, so that a refused start leaves no run behind."""
+    need = disk_budget(cfg, checkpoint_size(model_path, ranks), held_checkpoints(cfg.out_dir))
+    logs = log_bytes(cfg, num_rows)
     # the output folder may not exist yet: the disk it will be on
     where = os.path.abspath(cfg.out_dir)
     while not os.path.isdir(where):
         where = os.path.dirname(where)
-    free = shutil.disk_usage(where).free
-    gb = 1e9
-    print(f"disk: checkpoints peak at {need['peak'] / gb:.1f} GB ({need['per_checkpoint'] / gb:.1f}"
-          f" GB each, --keep_checkpoints {cfg.keep_checkpoints}), {need['on_disk'] / gb:.1f} GB "
-          f"of them on disk already; {free / gb:.1f} GB free in {where}", flush=True)
-    if need["need"] > free:
-        raise RuntimeError(f"{cfg.out_dir}: {free / gb:.1f} GB free, this command's checkpoints "
-                           f"need {need['need'] / gb:.1f} GB more: free some, lower "
-                           "--keep_checkpoints, or use another --out_dir")
+    free = shutil.disk_usage(where).free + sum(map(folder_bytes, leftovers(cfg.out_dir)))
+    peak, each, held = (show_bytes(need[k]) for k in ("peak", "per_checkpoint", "on_disk"))
+    print(f"disk: checkpoints peak at {peak} ({each} each, --keep_checkpoints "
+          f"{cfg.keep_checkpoints}), {held} of them on disk already; metrics, samples and the "
+          f"pool up to {show_bytes(logs)}; {show_bytes(free)} free in {where}", flush=True)
+    if need["need"] + logs > free:
+        raise UserError(f"--out_dir {cfg.out_dir}: {show_bytes(free)} free, this command's "
+                        f"checkpoints and logs need {show_bytes(need['need'] + logs)} more: free "
+                        "some, lower --keep_checkpoints, or use another --out_dir")
 
 
 # ---------------------------------------------------------------------------
@@ -405,7 +479,6 @@ def step_counts(groups: list[list], visits: list[dict], gaps: list[float], token
             "trained_tokens": update["trained_tokens"],
             "trained_response_tokens": update["trained_response_tokens"]}
 
-
 def step_record(ranks: list[dict]) -> dict:
     """The step's metrics from every rank's step_counts."""
     total = collections.Counter()
@@ -434,7 +507,6 @@ def step_record(ranks: list[dict]) -> dict:
             "trained_response_tokens": total["trained_response_tokens"],
             "visits": visits}
 
-
 def log_step(part: str, step: int, steps: int, record: dict):
     keys = ("reward_mean", "acc_fresh", "response_len", "replay_frac", "rescued", "clip_frac",
             "ratio_max", "grad_norm", "logprob_gap_max", "val_acc", "t_generation", "t_training")
@@ -453,7 +525,6 @@ def validation_curves(run_dir: str, part: str) -> dict:
             if key.startswith("val_acc") and value is not None:
                 curves[key][row["step"]] = value
     return {key: sorted(points.items()) for key, points in curves.items()}
-
 
 def comparison_table(run_dirs: list[str]) -> str:
     """The paper's comparison per run and validation metric: the peaks,
@@ -492,7 +563,6 @@ def comparison_table(run_dirs: list[str]) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
-
 def save_plot(path: str, panels: dict, ylabel: str) -> str:
     """panels: {title: [(label, steps, values, linestyle, colour index)]},
     a subplot each. Returns the line to print."""
@@ -513,7 +583,6 @@ def save_plot(path: str, panels: dict, ylabel: str) -> str:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return f"plot: {path}"
-
 
 def plot_comparison(run_dirs: list[str], path: str) -> str:
     """The runs' validation curves: a panel per metric, a colour per run,

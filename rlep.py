@@ -61,6 +61,8 @@ import json
 import logging
 import math
 import re
+import signal
+import sys
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -74,9 +76,10 @@ from tqdm import tqdm
 
 import verify
 from builtin import resolve_dtype, resolve_model
-from data import (append_jsonl, check_disk, checkpoint_path, comparison_table,
+from checks import check_config, read_inputs, start_verdict, stop_line
+from data import (UserError, append_jsonl, checkpoint_path, comparison_table,
                   latest_checkpoint, load_pool, load_trainer_state, log_step,
-                  plot_comparison, progress_row, read_collection, read_jsonl, read_rows,
+                  plot_comparison, progress_row, read_collection, read_jsonl,
                   remove_leftovers, save_checkpoint, save_plan, save_pool, start_wandb,
                   step_counts, step_record, finish_wandb, track, write_atomic)
 from machinery import (Completion, Dist, Engine, Split, barrier,
@@ -155,6 +158,7 @@ class Config:
     # --- system
     phase: str = "all"  # {all, 1, collect, 2}: the parts to run
     resume: bool = False  # continue the run in out_dir
+    override: bool = False  # --resume with changed values: take them (config.json records it)
     seed: int = 1  # every random draw derives from it: see seed_for
     dtype: str = "auto"  # autocast and vLLM; auto: bf16 on GPU, on CPU measured
     gradient_checkpointing: bool = True  # memory for compute
@@ -213,6 +217,8 @@ def parse_config(argv=None) -> Config:
     parser = argparse.ArgumentParser(
         description="RLEP: GRPO with experience replay. A flag's default is the paper's, "
         "unless --preset (cpu when not given) sets it.", argument_default=argparse.SUPPRESS)
+    # one line, not argparse's usage of every flag
+    parser.error = lambda message: parser.exit(2, f"rlep.py: {message} (see --help)\n")
     for name, flag in config_flags():
         parser.add_argument(f"--{name}", **flag)
     args = vars(parser.parse_args(argv))
@@ -238,6 +244,8 @@ def seed_for(*keys) -> int:
 time_spent = collections.Counter()
 # base model -> its validation at step 0: one run's phases share it
 base_scores = {}
+# where the run is, for the line a stop prints
+stage = ["start-up"]
 
 @contextlib.contextmanager
 def clock(activity: str, step_times: dict = None):
@@ -268,8 +276,8 @@ def end_token_id(tokenizer, stop_token: str) -> int:
         return tokenizer.eos_token_id
     token_id = tokenizer.convert_tokens_to_ids(stop_token)
     if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
-        raise ValueError(f"--stop_token {stop_token!r}: not a single token of "
-                         f"{tokenizer.name_or_path}")
+        raise UserError(f"--stop_token {stop_token!r}: not a single token of "
+                        f"{tokenizer.name_or_path}")
     return token_id
 
 def held_positions(count: int, d: Dist) -> list[int]:
@@ -646,9 +654,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
     if start >= steps:
         return
     if len(rows) < cfg.prompts_per_step or cfg.prompts_per_step % d.world_size:
-        raise ValueError(f"{part}: {len(rows)} prompts; prompts_per_step="
-                         f"{cfg.prompts_per_step} must be at most that and a multiple of "
-                         f"the {d.world_size} ranks")
+        raise UserError(f"{part}: {len(rows)} prompts; prompts_per_step="
+                        f"{cfg.prompts_per_step} must be at most that and a multiple of "
+                        f"the {d.world_size} ranks")
     os.makedirs(part_dir, exist_ok=True)
     metrics_path = os.path.join(part_dir, "metrics.jsonl")
     samples_path = os.path.join(part_dir, "samples.jsonl")
@@ -683,6 +691,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
     sequences_per_update = cfg.mini_batch_prompts * per_prompt
 
     for step in range(start, steps):
+        stage[0] = f"{part} step {step + 1} of {steps}"
         lr = learning_rate(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -743,9 +752,10 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
         return
     ckpt = checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
     if not os.path.isdir(ckpt):
-        raise FileNotFoundError(f"{ckpt}: phase one has no checkpoint at --collect_step "
-                                f"{cfg.collect_step}")
+        raise UserError(f"{ckpt}: phase one has no checkpoint at --collect_step "
+                        f"{cfg.collect_step}")
     os.makedirs(out, exist_ok=True)
+    stage[0] = "the collection"
     todo = [row for row in rows if row["id"] not in done]
     bar = tqdm(total=len(todo), desc="collection", unit="prompt",
                disable=not (cfg.progress and d.master_process))
@@ -771,9 +781,9 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
         pool = [{**row, "responses": successes[row["id"]]} for row in rows
                 if len(successes[row["id"]]) >= cfg.min_successes]  # RLEP
         if not pool:
-            raise RuntimeError(f"empty experience pool: no prompt got {cfg.min_successes} "
-                               f"verified answers out of {cfg.collect_k} from {ckpt}. "
-                               "Train phase one longer or raise --collect_k.")
+            raise UserError(f"empty experience pool: no prompt got {cfg.min_successes} "
+                            f"verified answers out of {cfg.collect_k} from {ckpt}. "
+                            "Train phase one longer or raise --collect_k.")
         save_pool(pool_path, pool)
     # rank 0 writes it; if it is empty, every rank raises
     rank0_decides(write_pool, d)
@@ -804,42 +814,51 @@ def main(argv=None):
     started = time.perf_counter()
     cfg = parse_config(argv)
     d = setup_distributed(cfg.timeout_minutes)
-    config_path = os.path.join(cfg.out_dir, "config.json")
-    if os.path.exists(config_path) and not cfg.resume:
-        raise FileExistsError(f"{cfg.out_dir} already holds a run: pass --resume to continue "
-                              "it, or another --out_dir")
-    # a folder as given, or a built-in model made once (by rank 0)
-    model_path = resolve_model(cfg.model_path, cfg.cache_dir, build=d.master_process)
-    # every rank has looked at out_dir and has the model before rank 0 writes
+    # the command alone: every rank refuses alike
+    for warning in check_config(cfg, d.world_size):
+        if d.master_process:
+            print(f"rlep.py: warning: {warning}", file=sys.stderr, flush=True)
+    try:
+        # a folder as given, or a built-in model made once (by rank 0)
+        model_path = resolve_model(cfg.model_path, cfg.cache_dir, build=d.master_process)
+    except ValueError as e:  # an unknown built-in model
+        raise UserError(f"--model_path {e}") from None
+    # every rank has the model before rank 0 reads it
     barrier(d)
+    # rank 0 reads the world; every rank refuses with its verdict
+    checked = {}  # rank 0's: the rows it read, or a bug's exception
+    verdict = rank0_decides(lambda: start_verdict(cfg, model_path, d.world_size, checked), d)
+    if "bug" in checked:
+        raise checked["bug"]
+    if "refusal" in verdict:
+        raise UserError(verdict["refusal"])
+    saved = verdict["saved"]
+    if cfg.dtype == "auto" and "dtype" in saved:
+        cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
 
     # the ranks must agree: every rank takes rank 0's measurement
     dtype = rank0_decides(lambda: resolve_dtype(cfg.dtype, d.device, model_path), d)
     cfg.dtype = dtype.dtype
+    # every rank refuses a bad --stop_token alike, before config.json
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    end_id = end_token_id(tokenizer, cfg.stop_token)
+    config_path = os.path.join(cfg.out_dir, "config.json")
     if d.master_process:
         print(f"rlep: preset {cfg.preset}, {d.world_size} rank(s) on {d.device.type}, dtype "
               f"{cfg.dtype} ({dtype.why}), torch threads {torch.get_num_threads()}, output "
               f"in {cfg.out_dir}", flush=True)
         remove_leftovers(cfg.out_dir)
-        # before anything is written: a refused start leaves no run behind
-        check_disk(cfg, model_path)
         os.makedirs(cfg.out_dir, exist_ok=True)
-        write_atomic(config_path, json.dumps(asdict(cfg), indent=2))
+        # --override's changes, with the steps they took effect at
+        overrides = saved.get("overrides", []) + checked["changes"]
+        record = {**asdict(cfg), **({"overrides": overrides} if overrides else {})}
+        write_atomic(config_path, json.dumps(record, indent=2))
         if cfg.wandb_project:
             name = f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{cfg.preset}"
             start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    end_id = end_token_id(tokenizer, cfg.stop_token)
-    # phase two reads them only to visit every prompt
-    needs_rows = cfg.phase != "2" or cfg.phase2_prompts == "all"
-    train_rows = read_rows(cfg.train_file) if needs_rows else []
-    val_rows = read_rows(cfg.val_file) if cfg.val_every else []
-    # read once: a bad file stops the run now, not after phase one
-    given_pool = load_pool(cfg.pool) if cfg.pool else None
+    # rank 0 read them in its checks
+    train_rows, val_rows, given_pool = checked.get("inputs") or read_inputs(cfg)
     baseline_on_pool = cfg.phase1_prompts == "pool"  # control
-    if given_pool is None and baseline_on_pool and cfg.phase in ("all", "1"):
-        raise ValueError("--phase1_prompts pool needs --pool FILE (the prompt set to train "
-                         "the baseline on)")
 
     engine = build_engine(cfg, model_path, d)
     # free the GPU for the trainer; the first push wakes it
@@ -870,11 +889,32 @@ def main(argv=None):
         print(plot_comparison([cfg.out_dir], os.path.join(cfg.out_dir, "curves.png")))
     shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()]
     print(f"time: {total:.0f} s | " + " | ".join(shown))
-    timings = json.dumps({"total_s": total, "parts_s": spent,
-                          "linear_gflops": dtype.gflops})
-    write_atomic(os.path.join(cfg.out_dir, "timings.json"), timings)
+    # a resumed run's processes add up
+    path = os.path.join(cfg.out_dir, "timings.json")
+    earlier = (read_jsonl(path) or [{}])[0]  # one line
+    parts = collections.Counter(earlier.get("parts_s", {}))
+    parts.update(spent)
+    processes = earlier.get("processes", 1 if earlier else 0) + 1
+    timings = {"total_s": earlier.get("total_s", 0) + total, "parts_s": parts,
+               "processes": processes, "linear_gflops": dtype.gflops}
+    write_atomic(path, json.dumps(timings))
     # the table too; a run that stopped early is closed by wandb at exit
     finish_wandb(table)
 
+def stop_on_sigterm(signum, frame):
+    raise KeyboardInterrupt("SIGTERM")
+
 if __name__ == "__main__":
-    main()
+    # torchrun stops its ranks with SIGTERM: one blocked in a collective must go at once
+    if "RANK" not in os.environ:
+        signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        main()
+    except UserError as e:  # bad input: one line; any other error keeps its traceback
+        print(f"rlep.py: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt as e:
+        if os.environ.get("RANK", "0") == "0":
+            line = stop_line(str(e) or "Ctrl-C", parse_config(), sys.argv[1:], stage[0])
+            print(line, file=sys.stderr)
+        sys.exit(143 if str(e) == "SIGTERM" else 130)

@@ -94,7 +94,8 @@ def test_the_disk_budget_is_the_peak_of_what_pruning_leaves(tmp_path, flags, pea
     cfg = rlep.parse_config(["--preset", "paper", "--out_dir", str(tmp_path), "--phase1_steps",
                              "8", "--phase2_steps", "8", "--collect_step", "8", "--save_every",
                              "2", *flags])
-    budget = data.disk_budget(cfg, params, data.held_checkpoints(str(tmp_path)))
+    size = data.CheckpointSize(whole=12 * params, weights=4 * params)
+    budget = data.disk_budget(cfg, size, data.held_checkpoints(str(tmp_path)))
     assert budget["per_checkpoint"] == 12 * params and budget["on_disk"] == 0
     assert budget["peak"] == budget["need"] == peak * params
     # the same saves and prunes on files of real sizes
@@ -105,14 +106,17 @@ def test_a_resumed_run_is_budgeted_for_what_it_still_writes(tmp_path, tiny_model
                                                             capsys):
     """Phase two stopped after its step 4: phase one's last two checkpoints (the collection's
     among them) and phase two's two are on disk; the run needs room for one more."""
-    params = data.count_params(tiny_model)
+    params = 1000
     cfg = rlep.parse_config(["--preset", "paper", "--out_dir", str(tmp_path), "--phase1_steps",
                              "8", "--phase2_steps", "8", "--collect_step", "8", "--save_every",
                              "2", "--resume"])
     for part, steps in (("phase1", (6, 8)), ("phase2", (2, 4))):
         for step in steps:
             fake_sized_checkpoint(tmp_path / part, step, params)
-    budget = data.disk_budget(cfg, params, data.held_checkpoints(str(tmp_path)))
+    size = data.CheckpointSize(whole=12 * params, weights=4 * params)
+    held = data.held_checkpoints(str(tmp_path))
+    budget = data.disk_budget(cfg, size, held)
+    # measured, as held: 12 bytes a parameter in these
     assert budget["on_disk"] == bytes_under(tmp_path) == 4 * 12 * params
     # one more checkpoint, then the oldest of phase two is pruned
     assert budget["need"] == 12 * params
@@ -120,11 +124,14 @@ def test_a_resumed_run_is_budgeted_for_what_it_still_writes(tmp_path, tiny_model
     def free_space(free):
         usage = type("Usage", (), {"free": free})()
         monkeypatch.setattr(data.shutil, "disk_usage", lambda path: usage)
-    free_space(12 * params)
+    # check_disk: the tiny model's checkpoint, and the metrics, samples and pool beside
+    need = data.disk_budget(cfg, data.checkpoint_size(tiny_model), held)["need"]
+    need += data.log_bytes(cfg, num_rows=0)
+    free_space(need)
     data.check_disk(cfg, tiny_model)
     assert "of them on disk already" in capsys.readouterr().out
-    free_space(12 * params - 1)
-    with pytest.raises(RuntimeError, match="need .* more") as error:
+    free_space(need - 1)
+    with pytest.raises(data.UserError, match="need .* more") as error:
         data.check_disk(cfg, tiny_model)
     assert str(tmp_path) in str(error.value)
     # the rest of the run, saved and pruned
@@ -140,9 +147,31 @@ def test_a_refused_start_leaves_no_run_behind(tmp_path, tiny_model, monkeypatch)
     command = ["--preset", "tiny", "--out_dir", str(out),
                "--cache_dir", os.path.dirname(tiny_model)]
     for _ in range(2):
-        with pytest.raises(RuntimeError, match="free"):
+        with pytest.raises(data.UserError, match="free"):
             rlep.main(command)
     assert not out.exists()
+
+
+def test_the_checkpoint_estimate_covers_a_real_one(tmp_path, tiny_model):
+    """A tiny checkpoint as save_checkpoint writes it (weights, AdamW's state, tokenizer,
+    trainer state): the estimate is at least its bytes, and at most 10 % over (weights
+    alone: 20 %)."""
+    cfg = rlep.parse_config(["--preset", "tiny"])
+    d = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
+    policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
+    sum(p.sum() for p in policy.parameters()).backward()
+    optimizer.step()
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    data.save_checkpoint(str(tmp_path / "phase1"), 2, policy, optimizer, tokenizer, cfg, d)
+    folder = data.checkpoint_path(str(tmp_path / "phase1"), 2)
+    whole = bytes_under(folder)
+    weights = whole - bytes_under(os.path.join(folder, "optimizer"))
+    size = data.checkpoint_size(tiny_model)
+    assert whole <= size.whole <= 1.1 * whole and weights <= size.weights <= 1.2 * weights
+    # a checkpoint on disk is measured
+    assert data.held_checkpoints(str(tmp_path)) == {("phase1", 2): (whole, weights)}
+    assert data.show_bytes(size.whole) == f"{size.whole / 1e6:.1f} MB"
+    assert data.show_bytes(2.5e9) == "2.5 GB" and data.show_bytes(0) == "0.0 B"
 
 
 @pytest.mark.parametrize("collect_step", [0, 5])

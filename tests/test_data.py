@@ -68,10 +68,18 @@ def test_bad_json_and_missing_files(tmp_path):
     path.write_text('{"problem": "a", "answer": "1"}\n{"problem": \n')
     with pytest.raises(ValueError, match=r"broken.jsonl: row 2: not valid JSON"):
         data.read_rows(str(path))
-    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+    with pytest.raises(data.UserError, match="nope.jsonl: no such data file"):
         data.read_rows(str(tmp_path / "nope.jsonl"))
-    with pytest.raises(ValueError, match="no row has pooled responses"):
-        data.load_pool(write_jsonl(tmp_path / "p.jsonl", [{"problem": "a", "answer": "1"}]))
+    # a pool is read whole: a row of ours without responses is named, not dropped
+    rows = [{"problem": "a", "answer": "1", "responses": ["Answer: 1"]},
+            {"problem": "b", "answer": "2"}]
+    with pytest.raises(data.UserError, match=r"p.jsonl: row 2: no 'responses'"):
+        data.load_pool(write_jsonl(tmp_path / "p.jsonl", rows))
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"problem": "a", "answer": "1"}\n{"problem": "caf\xe9", "answer": "1"}\n')
+    with pytest.raises(data.UserError, match=r"latin1.jsonl: row 2: not UTF-8 \(byte 0xe9 at "
+                       r"offset 16\)"):
+        data.read_rows(str(path))
 
 
 def test_pool_round_trip(tmp_path):

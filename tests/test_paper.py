@@ -637,7 +637,7 @@ def test_main_checks_the_disk_before_it_builds_anything(tmp_path, tiny_model, mo
                                                         quiet_main):
     no_disk(monkeypatch)
     monkeypatch.setattr(rlep, "build_engine", lambda *args, **kwargs: pytest.fail("built"))
-    with pytest.raises(RuntimeError, match="GB free"):
+    with pytest.raises(data.UserError, match="B free"):
         rlep.main(["--preset", "tiny", "--out_dir", str(tmp_path / "run"),
                    "--cache_dir", os.path.dirname(tiny_model)])
 
@@ -646,7 +646,7 @@ def test_main_checks_the_disk_before_it_writes_anything(tmp_path, tiny_model, mo
                                                         quiet_main):
     no_disk(monkeypatch)
     out = tmp_path / "run"
-    with pytest.raises(RuntimeError, match="GB free"):
+    with pytest.raises(data.UserError, match="B free"):
         rlep.main(["--preset", "tiny", "--out_dir", str(out),
                    "--cache_dir", os.path.dirname(tiny_model)])
     assert not out.exists() or not any(out.iterdir())
@@ -704,7 +704,7 @@ paper_values = [
 ]
 # settings of this implementation, not of the method: memory, speed, files, logging
 not_the_papers = {"out_dir", "micro_batch_size", "micro_batch_tokens", "share_prompts",
-                  "replay_coef", "phase", "resume", "dtype", "gradient_checkpointing",
+                  "replay_coef", "phase", "resume", "override", "dtype", "gradient_checkpointing",
                   "gpu_memory_utilization", "timeout_minutes", "keep_checkpoints",
                   "log_samples", "progress", "cache_dir", "preset", "wandb_project"}
 

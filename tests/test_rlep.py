@@ -334,7 +334,8 @@ def test_an_empty_pool_stops_before_phase_two(tmp_path, cache_dir, full_run):
     out = tmp_path / "empty"
     shutil.copytree(full_run / "phase1", out / "phase1")
     shutil.copy(full_run / "config.json", out / "config.json")
-    result = run_rlep(out, cache_dir, "--resume", "--phase", "all", "--min_successes", "17",
-                      check=False)
+    # no prompt has all K answers right at T = 2; changed values need --override
+    result = run_rlep(out, cache_dir, "--resume", "--phase", "all", "--collect_temperature", "2",
+                      "--min_successes", "16", "--override", check=False)
     assert result.returncode != 0 and "empty experience pool" in result.stderr
     assert not (out / "phase2").exists() and not (out / "collect" / "pool.jsonl").exists()

@@ -1,0 +1,201 @@
+"""The checks in front of a run (rlep.main), with data.py's of the files, rows, pool and disk:
+bad input is refused in one line (data.UserError) before anything is written or any engine
+starts.
+
+    check_config      every number's range, the combinations that cannot run; warnings for
+                      the legal but surprising ones
+    resume_changes    the fields a --resume command changes: refused, or with --override
+                      recorded in config.json
+    check_model       --model_path: a model folder (or a hub name, left to transformers)
+    check_start       rank 0's checks of what a command reads: the run in out_dir, the model,
+                      the files row by row, the pool, the disk
+    start_verdict     check_start's verdict, for every rank
+    stop_line         what Ctrl-C or SIGTERM prints: where, what is saved, what continues
+"""
+import json
+import operator
+import os
+import re
+import shlex
+import sys
+from dataclasses import asdict
+
+from data import (UserError, check_disk, check_save_plan, latest_checkpoint, load_pool,
+                  read_collection, read_rows)
+
+# Each number's range (rlep.Config's fields); a field may have two bounds
+number_ranges = {
+    ">= 1": "prompts_per_step n max_prompt_len max_response_len mini_batch_prompts epochs "
+            "micro_batch_size phase1_steps phase2_steps collect_k min_successes val_k "
+            "save_every timeout_minutes",
+    ">= 0": "overlong_buffer overlong_factor lr weight_decay warmup_steps clip_low clip_high "
+            "micro_batch_tokens replay_m replay_coef val_every seed keep_checkpoints "
+            "log_samples",
+    # T divides the logits; a nucleus of 0 holds no token
+    "> 0": "temperature top_p grad_clip collect_temperature collect_top_p "
+           "gpu_memory_utilization",
+    "<= 1": "top_p collect_top_p gpu_memory_utilization",
+    # vLLM's bound
+    "<= 2": "temperature collect_temperature",
+    "< 1": "clip_low",
+    # the dual clip bounds a negative advantage's loss where the ratio passes c > 1 + ε_high
+    "> 1": "clip_c",
+}
+comparisons = {">=": (operator.ge, "at least"), ">": (operator.gt, "above"),
+               "<=": (operator.le, "at most"), "<": (operator.lt, "below")}
+# a flag at most another: a mini-batch is part of a step, a pooled prompt needs at most K
+# answers, the overlong window lies inside L_max
+at_most = {"mini_batch_prompts": "prompts_per_step", "min_successes": "collect_k",
+           "overlong_buffer": "max_response_len"}
+
+
+def check_config(cfg, world_size: int = 1) -> list[str]:
+    """Refuse a number out of its range or a combination that cannot run (UserError, one
+    line); return a warning line for each legal but surprising one. cfg: rlep.Config. Every
+    rank decides alike: nothing but the command is read."""
+    for bound, names in number_ranges.items():
+        sign, limit = bound.split()
+        compare, words = comparisons[sign]
+        for name in names.split():
+            # NaN fails every comparison
+            if not compare(getattr(cfg, name), float(limit)):
+                raise UserError(f"--{name} {getattr(cfg, name)}: must be {words} {limit}")
+    for name, other in at_most.items():
+        if getattr(cfg, name) > getattr(cfg, other):
+            raise UserError(f"--{name} {getattr(cfg, name)}: must be at most --{other} "
+                            f"{getattr(cfg, other)}")
+    if cfg.prompts_per_step % world_size:
+        raise UserError(f"--prompts_per_step {cfg.prompts_per_step}: must be a multiple of "
+                        f"the {world_size} ranks")
+    if cfg.phase1_prompts == "pool" and not cfg.pool and cfg.phase in ("all", "1"):
+        raise UserError("--phase1_prompts pool needs --pool FILE (the prompt set to train "
+                        "the baseline on)")
+    check_save_plan(cfg)
+    warnings = []
+    if cfg.mini_batch_prompts == cfg.prompts_per_step and cfg.epochs == 1:
+        warnings.append(f"--mini_batch_prompts {cfg.mini_batch_prompts} is the whole step: one "
+                        "update a step, on-policy (every ratio 1, the clip never acts)")
+    if cfg.replay_m > cfg.n:
+        warnings.append(f"--replay_m {cfg.replay_m} > --n {cfg.n}: a group holds more "
+                        "replays than fresh rollouts")
+    return warnings
+
+
+# The fields a resumed run may change, as none changes what the run computes: where files
+# go, what is shown, kept or waited for; memory and speed (the same sums in other pieces,
+# other float rounding: a run resumed on other hardware may need other values); phase, which
+# chooses the parts to run, not what a part computes; preset, whose values are compared
+# field by field. dtype "auto" takes the run's measured dtype.
+free_on_resume = {"out_dir", "phase", "resume", "override", "keep_checkpoints", "log_samples",
+                  "progress", "timeout_minutes", "cache_dir", "preset", "micro_batch_size",
+                  "micro_batch_tokens", "share_prompts", "gradient_checkpointing",
+                  "gpu_memory_utilization", "wandb_project"}
+
+
+def resume_changes(cfg, saved: dict, at: dict) -> list[dict]:
+    """The fields where a --resume command differs from its run's config.json (`saved`; a
+    field it lacks is not compared): refused, or with --override returned as records for
+    config.json's "overrides", each with `at` (the steps of the run's newest checkpoints)."""
+    now = asdict(cfg)
+    changed = [name for name, value in now.items()
+               if name in saved and name not in free_on_resume and saved[name] != value
+               and not (name == "dtype" and value == "auto")]
+    if changed and not cfg.override:
+        shown = ", ".join(f"--{name} {saved[name]!r} (now {now[name]!r})" for name in changed)
+        raise UserError(f"--resume: the run in {cfg.out_dir} has {shown}: resume with its "
+                        "values, or add --override to continue with these (config.json "
+                        "records the change)")
+    return [{"field": name, "from": saved[name], "to": now[name], **at} for name in changed]
+
+
+def check_model(path: str):
+    """--model_path: a model folder; a hub name (namespace/name) that is no folder here is
+    left to transformers."""
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not os.path.exists(path):
+        return
+    if not os.path.isdir(path):
+        raise UserError(f"--model_path {path}: no such folder (a hub name like Qwen/Qwen2.5-Math"
+                        "-7B is downloaded by transformers where a network is reachable)")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise UserError(f"--model_path {path}: not a model folder (no config.json)")
+
+
+def read_inputs(cfg) -> tuple:
+    """The training rows (phase two reads them only to visit every prompt), the validation
+    rows, the pool given with --pool (None without)."""
+    needs_rows = cfg.phase != "2" or cfg.phase2_prompts == "all"
+    train_rows = read_rows(cfg.train_file) if needs_rows else []
+    val_rows = read_rows(cfg.val_file) if cfg.val_every else []
+    return train_rows, val_rows, load_pool(cfg.pool) if cfg.pool else None
+
+
+def check_start(cfg, model_path: str, world_size: int) -> dict:
+    """Rank 0's checks of what the command reads, before anything is written: the run in
+    out_dir (and how this command differs from it), the model folder and its tokenizer, the
+    data files row by row, the pool, the disk. Raises UserError, or returns the saved config,
+    the records of its changes for config.json and the rows read."""
+    from transformers import AutoTokenizer
+    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise UserError(f"--out_dir {cfg.out_dir}: a file, not a folder")
+    saved, config_path = {}, os.path.join(cfg.out_dir, "config.json")
+    if os.path.isfile(config_path):
+        if not cfg.resume:
+            raise UserError(f"{cfg.out_dir} already holds a run: pass --resume to continue "
+                            "it, or another --out_dir")
+        with open(config_path) as f:
+            saved = json.load(f)
+    at = {f"{part}_step": latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
+          for part in ("phase1", "phase2")}
+    changes = resume_changes(cfg, saved, at)
+    check_model(model_path)
+    try:
+        AutoTokenizer.from_pretrained(model_path)
+    except OSError as e:  # a hub name offline, a folder without a tokenizer
+        raise UserError(f"--model_path {model_path}: {str(e).splitlines()[0]}") from None
+    inputs = train_rows, _, pool = read_inputs(cfg)
+    # the parts whose prompts are known now (a pool still to be collected is not)
+    parts = {"1": pool if cfg.phase1_prompts == "pool" else train_rows,
+             "2": train_rows if cfg.phase2_prompts == "all" else pool}
+    for part, rows in parts.items():
+        if cfg.phase in ("all", part) and rows is not None and len(rows) < cfg.prompts_per_step:
+            raise UserError(f"--prompts_per_step {cfg.prompts_per_step}: phase {part} has "
+                            f"{len(rows)} prompts")
+    collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
+    if cfg.phase == "2" and not cfg.pool and not os.path.isfile(collected):
+        raise UserError(f"--phase 2 needs --pool FILE, or the collection's {collected}")
+    check_disk(cfg, model_path, len(train_rows), world_size)
+    return {"saved": saved, "changes": changes, "inputs": inputs}
+
+
+def start_verdict(cfg, model_path: str, world_size: int, kept: dict) -> dict:
+    """check_start's verdict, for rank0_decides to hand every rank: {"refusal": its one line}
+    or {"saved": the run's config}; what it returns is kept in `kept` on rank 0. A bug (any
+    other exception) is kept as kept["bug"], for rank 0 to raise with its traceback; the
+    others refuse with its name. No rank is left waiting in a collective for one that
+    stopped."""
+    try:
+        kept.update(check_start(cfg, model_path, world_size))
+        return {"saved": kept["saved"]}
+    except UserError as e:
+        return {"refusal": str(e)}
+    except Exception as e:
+        kept["bug"] = e
+        return {"refusal": f"rank 0 stopped at start-up: {e!r}"}
+
+
+def stop_line(why: str, cfg, argv: list, where: str) -> str:
+    """What Ctrl-C or SIGTERM prints: where the run stopped, what is saved, the command that
+    continues it. cfg: the command's rlep.Config."""
+    if not os.path.isfile(os.path.join(cfg.out_dir, "config.json")):
+        return f"rlep.py: stopped ({why}) in {where}; nothing written"
+    first, second = (latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
+                     for part in ("phase1", "phase2"))
+    pooled, done = read_collection(os.path.join(cfg.out_dir, "collect"))
+    held = [(f"phase1 step {first}", first), ("the pool", pooled),
+            (f"the collection's first {len(done)} prompts", done and not pooled),
+            (f"phase2 step {second}", second)]
+    saved = ", ".join(name for name, there in held if there) or "no checkpoint yet"
+    launcher = "torchrun [as before]" if "RANK" in os.environ else "python"
+    command = shlex.join([sys.argv[0], *argv] + ([] if cfg.resume else ["--resume"]))
+    return (f"rlep.py: stopped ({why}) in {where}; saved in {cfg.out_dir}: {saved}; continue "
+            f"with: {launcher} {command}")

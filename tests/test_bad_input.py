@@ -1,0 +1,312 @@
+"""Bad input is refused before anything is written, in one line: a table of bad commands,
+files, model folders, pools and disks, each refused by rlep.main before an engine starts and
+with the output folder untouched (absent, or byte-identical where it held a run); the same
+as one line on stderr and exit code 2 from `python rlep.py`, on one rank and on two (rank 0
+decides, both stop); a resume with a changed value refused, then taken with --override and
+recorded; warnings for legal but surprising settings; Ctrl-C's one line.
+Run: python -m pytest -q tests/test_bad_input.py (about 3 minutes)"""
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import checks
+import data
+import rlep
+
+repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Bad data and pool files, and a good pool."""
+    folder = tmp_path_factory.mktemp("files")
+    good = [{"problem": f"{a}+{b}", "answer": str(a + b)} for a in range(9) for b in range(9)]
+
+    def jsonl(name, rows):
+        (folder / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "empty.jsonl").write_text("")
+    jsonl("no_answer.jsonl", good[:6] + [{"problem": "1+1"}])
+    (folder / "latin1.jsonl").write_bytes(b'{"problem": "1+2", "answer": "3"}\n' * 6
+                                          + b'{"problem": "caf\xe9", "answer": "1"}\n')
+    (folder / "broken.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n{"problem": \n')
+    (folder / "data.csv").write_text("problem,answer\n")
+    pq.write_table(pa.table({"question": ["1+1"], "solution": ["2"]}), folder / "schema.parquet")
+    (folder / "not.parquet").write_text("not parquet")
+    pool = [{**r, "id": f"p{i}", "responses": [f"Answer: {r['answer']}"] * 2}
+            for i, r in enumerate(good[:67])]
+    jsonl("pool.jsonl", pool)
+    del pool[40]["responses"]
+    jsonl("pool_row_41_bare.jsonl", pool)
+    (folder / "a_file").write_text("not a folder\n")
+    (folder / "no_model").mkdir()
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tiny_model):
+    return os.path.dirname(tiny_model)
+
+
+def hold_a_run(out, cache_dir, *flags):
+    """A run's folder as main leaves it: config.json (the dtype resolved), a checkpoint's
+    folder, metrics."""
+    cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
+                             str(cache_dir), *flags])
+    cfg.dtype = "float32"
+    (out / "phase1" / "step_000002").mkdir(parents=True)
+    (out / "phase1" / "step_000002" / "trainer_state.pt").write_bytes(b"state")
+    (out / "phase1" / "metrics.jsonl").write_text('{"step": 0}\n')
+    (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
+
+
+def digest(path):
+    """The bytes and names of everything under path; None if it is absent."""
+    if not os.path.exists(path):
+        return None
+    if os.path.isfile(path):
+        return hashlib.sha256(open(path, "rb").read()).hexdigest()
+    h = hashlib.sha256()
+    for root, dirs, names in sorted(os.walk(path)):
+        dirs.sort()
+        h.update(root.encode())
+        for name in sorted(names):
+            h.update(name.encode() + open(os.path.join(root, name), "rb").read())
+    return h.hexdigest()
+
+
+# (id, flags after --preset tiny, the out_dir's state: None, "run" or "file", what the line says)
+F = "{files}"
+bad_inputs = [
+    ("missing data file", ["--train_file", "/nope.jsonl"], None, "/nope.jsonl: no such data file"),
+    ("empty data file", ["--train_file", f"{F}/empty.jsonl"], None, "empty.jsonl: no rows"),
+    ("row without answer", ["--train_file", f"{F}/no_answer.jsonl"], None,
+     "no_answer.jsonl: row 7: missing 'answer'"),
+    ("parquet of another schema", ["--train_file", f"{F}/schema.parquet"], None,
+     "schema.parquet: columns ['question', 'solution']; wanted problem and answer"),
+    ("not parquet", ["--train_file", f"{F}/not.parquet"], None, "not a readable parquet file"),
+    ("not UTF-8", ["--train_file", f"{F}/latin1.jsonl"], None,
+     "latin1.jsonl: row 7: not UTF-8 (byte 0xe9 at offset 16)"),
+    ("bad JSON", ["--val_file", f"{F}/broken.jsonl"], None, "row 2: not valid JSON"),
+    ("unknown format", ["--train_file", f"{F}/data.csv"], None, "data.csv: unknown format"),
+    ("unknown built-in data", ["--train_file", "builtin:nope"], None, "unknown built-in data"),
+    ("--n 0", ["--n", "0"], None, "--n 0: must be at least 1"),
+    ("--prompts_per_step 0", ["--prompts_per_step", "0"], None,
+     "--prompts_per_step 0: must be at least 1"),
+    ("--save_every 0", ["--save_every", "0"], None, "--save_every 0: must be at least 1"),
+    ("--keep_checkpoints -1", ["--keep_checkpoints", "-1", "--phase", "1"], None,
+     "--keep_checkpoints -1: must be at least 0"),
+    ("--phase1_steps 0", ["--phase1_steps", "0"], None, "--phase1_steps 0: must be at least 1"),
+    ("--mini_batch_prompts over B", ["--mini_batch_prompts", "16"], None,
+     "--mini_batch_prompts 16: must be at most --prompts_per_step 8"),
+    ("--temperature 0", ["--temperature", "0"], None, "--temperature 0.0: must be above 0"),
+    ("--top_p 0", ["--top_p", "0"], None, "--top_p 0.0: must be above 0"),
+    ("--collect_temperature 3", ["--collect_temperature", "3"], None,
+     "--collect_temperature 3.0: must be at most 2"),
+    ("--top_p 1.5", ["--top_p", "1.5"], None, "--top_p 1.5: must be at most 1"),
+    ("--collect_top_p 0", ["--collect_top_p", "0"], None, "--collect_top_p 0.0: must be above 0"),
+    ("--clip_low 1", ["--clip_low", "1"], None, "--clip_low 1.0: must be below 1"),
+    ("--clip_c 1", ["--clip_c", "1"], None, "--clip_c 1.0: must be above 1"),
+    ("--lr nan", ["--lr", "nan"], None, "--lr nan: must be at least 0"),
+    ("--max_response_len 0", ["--max_response_len", "0"], None, "must be at least 1"),
+    ("--overlong_buffer over L_max", ["--overlong_buffer", "17"], None,
+     "--overlong_buffer 17: must be at most --max_response_len 16"),
+    ("--val_k 0", ["--val_k", "0"], None, "--val_k 0: must be at least 1"),
+    ("--min_successes over K", ["--min_successes", "20"], None,
+     "--min_successes 20: must be at most --collect_k 16"),
+    ("--collect_step past phase one", ["--collect_step", "9"], None, "--collect_step 9"),
+    ("--prompts_per_step over the rows", ["--prompts_per_step", "200"], None,
+     "--prompts_per_step 200: phase 1 has 80 prompts"),
+    ("--phase1_prompts pool without a pool", ["--phase1_prompts", "pool"], None,
+     "--phase1_prompts pool needs --pool FILE"),
+    ("--stop_token unknown", ["--stop_token", "<|nope|>"], None, "not a single token"),
+    ("--model_path missing", ["--model_path", "/nonexistent"], None,
+     "--model_path /nonexistent: no such folder (a hub name like Qwen/Qwen2.5-Math-7B"),
+    ("--model_path not a model", ["--model_path", f"{F}/no_model"], None,
+     "not a model folder (no config.json)"),
+    ("--model_path unknown built-in", ["--model_path", "builtin:nope"], None,
+     "unknown built-in model"),
+    ("--out_dir a file", [], "file", ": a file, not a folder"),
+    ("pool row without responses", ["--phase", "2", "--pool", f"{F}/pool_row_41_bare.jsonl"],
+     None, "pool_row_41_bare.jsonl: row 41: no 'responses'"),
+    ("--phase 2 without a pool", ["--phase", "2"], None, "--phase 2 needs --pool FILE"),
+    ("a run there, no --resume", [], "run", "already holds a run: pass --resume"),
+    ("--resume --lr changed", ["--resume", "--lr", "1e-3"], "run",
+     "--lr 0.0003 (now 0.001): resume with its values, or add --override"),
+    ("--resume --n changed", ["--resume", "--n", "4"], "run", "--n 8 (now 4)"),
+    ("--resume --dtype changed", ["--resume", "--dtype", "bfloat16"], "run",
+     "--dtype 'float32' (now 'bfloat16')"),
+]
+
+
+def prepare(tmp_path, files, cache_dir, flags, state):
+    out = tmp_path / "run"
+    if state == "file":
+        out.write_text("a file\n")
+    elif state == "run":
+        hold_a_run(out, cache_dir)
+    flags = [f.replace(F, str(files)) for f in flags]
+    return out, ["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir), *flags]
+
+
+@pytest.mark.parametrize("flags, state, message", [case[1:] for case in bad_inputs],
+                         ids=[case[0] for case in bad_inputs])
+def test_bad_input_is_refused_before_anything_is_written(tmp_path, files, cache_dir,
+                                                         monkeypatch, flags, state, message):
+    out, command = prepare(tmp_path, files, cache_dir, flags, state)
+    before = digest(out)
+    monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
+    with pytest.raises(data.UserError) as error:
+        rlep.main(command)
+    line = str(error.value)
+    assert message in line and "\n" not in line
+    assert digest(out) == before
+
+
+@pytest.mark.parametrize("case", ["missing data file", "--prompts_per_step 0",
+                                  "--model_path missing", "--resume --lr changed"])
+def test_python_rlep_py_prints_one_line_and_exits_2(tmp_path, files, cache_dir, case):
+    _, flags, state, message = next(c for c in bad_inputs if c[0] == case)
+    out, command = prepare(tmp_path, files, cache_dir, flags, state)
+    before = digest(out)
+    result = subprocess.run([sys.executable, os.path.join(repo, "rlep.py"), *command],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rlep.py: ") and message in lines[0]
+    assert digest(out) == before
+
+
+def test_argparse_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_code:
+        rlep.parse_config(["--preset", "nope"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_code.value.code == 2 and len(lines) == 1
+    assert lines[0].startswith("rlep.py: argument --preset: invalid choice: 'nope'")
+
+
+def test_a_refusal_on_rank_0_stops_both_ranks(tmp_path, cache_dir):
+    """Rank 0 alone sees a full disk (a sitecustomize on the path fakes it): both ranks stop
+    within seconds with its line, before an engine starts; nothing is written."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import os, shutil, collections\n"
+        "if os.environ.get('RANK') == '0':\n"
+        "    usage = collections.namedtuple('usage', 'total used free')\n"
+        "    shutil.disk_usage = lambda path: usage(1 << 40, 1 << 40, 0)\n")
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", os.path.join(repo, "rlep.py"), "--preset", "tiny",
+               "--out_dir", str(out), "--cache_dir", str(cache_dir)]
+    start = time.time()
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode != 0
+    assert time.time() - start < 120, "a rank waited for the other"
+    line = f"rlep.py: --out_dir {out}: 0.0 B free"
+    lines = [x for x in result.stderr.splitlines() if x.startswith(line)]
+    # both ranks print it (torchrun may stop the second before it does)
+    assert 1 <= len(lines) <= 2 and "need" in lines[0], result.stderr[-3000:]
+    assert "exitcode  : 2" in result.stderr
+    assert not out.exists()
+
+
+def test_a_changed_lr_is_refused_then_taken_with_override_and_recorded(tmp_path, cache_dir):
+    """A run of 2 steps; resumed with --lr 1e-3 and --phase1_steps 3: refused, config.json
+    untouched; with --override step 3 trains at lr 1e-3 and config.json records both
+    changes at the step they took effect."""
+    out = tmp_path / "run"
+    base = [sys.executable, os.path.join(repo, "rlep.py"), "--preset", "tiny", "--out_dir",
+            str(out), "--cache_dir", str(cache_dir), "--phase", "1", "--val_every", "0"]
+
+    def run(*flags):
+        return subprocess.run(base + list(flags), capture_output=True, text=True, timeout=600)
+    first = run("--phase1_steps", "2")
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = digest(out)
+    changed = ["--phase1_steps", "3", "--lr", "1e-3", "--resume"]
+    refused = run(*changed)
+    assert refused.returncode == 2 and "--lr 0.0003 (now 0.001)" in refused.stderr
+    assert "--phase1_steps 2 (now 3)" in refused.stderr and digest(out) == before
+    taken = run(*changed, "--override")
+    assert taken.returncode == 0, taken.stderr[-3000:]
+    saved = json.load(open(out / "config.json"))
+    assert saved["lr"] == 1e-3 and saved["phase1_steps"] == 3
+    assert saved["overrides"] == [
+        {"field": "lr", "from": 3e-4, "to": 1e-3, "phase1_step": 2, "phase2_step": 0},
+        {"field": "phase1_steps", "from": 2, "to": 3, "phase1_step": 2, "phase2_step": 0}]
+    rows = [json.loads(line) for line in open(out / "phase1" / "metrics.jsonl")]
+    assert [(r["step"], r["lr"]) for r in rows] == [(1, 3e-4), (2, 3e-4), (3, 1e-3)]
+    # the two processes' times add up
+    timings = json.load(open(out / "timings.json"))
+    assert timings["processes"] == 2 and timings["total_s"] > 0
+    # the run now is the run with its new values: the same command resumes without a word
+    again = run("--phase1_steps", "3", "--lr", "1e-3", "--resume")
+    assert again.returncode == 0 and json.load(open(out / "timings.json"))["processes"] == 3
+
+
+def test_legal_but_surprising_settings_are_warned_about(capsys):
+    cfg = rlep.parse_config(["--preset", "tiny", "--mini_batch_prompts", "8", "--replay_m",
+                             "12"])
+    warnings = checks.check_config(cfg)
+    assert any("one update a step, on-policy" in w for w in warnings)
+    assert any("--replay_m 12 > --n 8" in w for w in warnings)
+    assert checks.check_config(rlep.parse_config(["--preset", "tiny"])) == []
+    with pytest.raises(data.UserError, match="multiple of the 3 ranks"):
+        checks.check_config(rlep.parse_config(["--preset", "tiny"]), world_size=3)
+
+
+def test_fields_free_on_resume_are_config_fields_and_auto_takes_the_runs_dtype():
+    names = {f for f in asdict(rlep.parse_config([]))}
+    assert checks.free_on_resume <= names
+    cfg = rlep.parse_config(["--preset", "tiny", "--resume", "--keep_checkpoints", "5"])
+    saved = {**asdict(cfg), "dtype": "bfloat16", "keep_checkpoints": 2}
+    assert cfg.dtype == "float32"
+    cfg.dtype = "auto"
+    assert checks.resume_changes(cfg, saved, at={}) == []
+    # a field the saved config lacks (an older run's) is not compared
+    del saved["seed"]
+    cfg.seed = 7
+    assert checks.resume_changes(cfg, saved, at={}) == []
+
+
+def test_a_dapo_pool_without_candidates_on_some_rows_says_how_many(tmp_path, capsys):
+    def dapo(problem, candidates=None):
+        reward = {"ground_truth": "1", **({"candidates": candidates} if candidates else {})}
+        return {"prompt": [{"role": "user", "content": problem}], "reward_model": reward}
+    rows = [dapo("a", ["Answer: 1"]), dapo("b"), dapo("c")]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "pool.parquet")
+    assert [r["problem"] for r in data.load_pool(str(tmp_path / "pool.parquet"))] == ["a"]
+    assert "2 rows without reward_model.candidates left out of the pool" in \
+        capsys.readouterr().out
+
+
+def test_ctrl_c_prints_one_line_with_what_is_saved_and_the_resume_command(tmp_path,
+                                                                          cache_dir):
+    out = tmp_path / "run"
+    command = [sys.executable, os.path.join(repo, "rlep.py"), "--preset", "tiny", "--out_dir",
+               str(out), "--cache_dir", str(cache_dir), "--phase", "1", "--val_every", "0"]
+    # as a terminal's Ctrl-C finds it: a shell's background job inherits SIGINT ignored
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                           signal.SIG_DFL))
+    saved = out / "phase1" / "step_000002" / "trainer_state.pt"
+    deadline = time.time() + 300
+    while not saved.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    lines = stderr.strip().splitlines()
+    assert process.returncode == 130 and len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith("rlep.py: stopped (Ctrl-C) in phase1 step ")
+    assert f"saved in {out}: phase1 step 2" in lines[0]
+    assert lines[0].endswith("--phase 1 --val_every 0 --resume")
