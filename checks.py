@@ -82,10 +82,10 @@ def check_config(cfg, world_size: int = 1) -> list[str]:
 
 
 # The fields a resumed run may change, as none changes what the run computes: where files
-# go, what is shown, kept or waited for; memory and speed (the same sums in other pieces,
-# other float rounding: a run resumed on other hardware may need other values); phase, which
-# chooses the parts to run, not what a part computes; preset, whose values are compared
-# field by field. dtype "auto" takes the run's measured dtype.
+# (and W&B's curves) go, what is shown, kept or waited for; memory and speed (the same sums
+# in other pieces, other float rounding: a run resumed on other hardware may need other
+# values); phase, which chooses the parts to run, not what a part computes; preset, whose
+# values are compared field by field. dtype "auto" takes the run's measured dtype.
 free_on_resume = {"out_dir", "phase", "resume", "override", "keep_checkpoints", "log_samples",
                   "progress", "timeout_minutes", "cache_dir", "preset", "micro_batch_size",
                   "micro_batch_tokens", "share_prompts", "gradient_checkpointing",
