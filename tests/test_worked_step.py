@@ -56,6 +56,8 @@ def test_the_group_follows_the_rules_by_hand(numbers):
     samples = group["samples"]
     assert len(samples) == n + m and [s["replay"] for s in samples] == [False] * n + [True] * m
     # the shown prompt is a rescue: every fresh answer wrong, the replays right
+    assert group["rescued"], ("the off-policy mini-batch holds no rescue any more: choose "
+                              "another shown_step in tests/worked_step.py")
     assert not any(s["correct"] for s in samples[:n]) and all(s["correct"] for s in samples[n:])
     # the replays are the drawn pool answers, ended like fresh responses
     assert [s["text"] for s in samples[n:]] == [f"{text}<|im_end|>" for text in group["drawn"]]
@@ -77,7 +79,7 @@ def test_the_tokens_follow_the_rules_by_hand(numbers):
     low, high, c = numbers["clip_low"], numbers["clip_high"], numbers["clip_c"]
     assert (low, high, c) == (0.2, 0.28, 10.0)
     tokens = numbers["tokens"]["group"] + numbers["tokens"]["examples"]
-    assert any(t["clipped"] for t in tokens), "the page should show a clipped token"
+    assert any(t["clipped"] for t in tokens), "the page's example of a clipped token is gone"
     for t in tokens:
         ratio, advantage = t["ratio"], t["advantage"]
         assert ratio == pytest.approx(math.exp(t["logprob"] - t["old_logprob"]), rel=1e-5)

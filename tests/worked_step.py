@@ -1,6 +1,6 @@
 """One RLEP training step worked through for a teacher, from a real run: docs/worked-step.md.
 
-    OMP_NUM_THREADS=1 python tests/worked_step.py          # about a minute: writes the page
+    OMP_NUM_THREADS=1 python tests/worked_step.py          # ~20 s here: writes the page
     OMP_NUM_THREADS=1 python tests/worked_step.py --print  # the page on stdout, nothing written
 
 It runs the tiny preset as `python rlep.py --preset tiny` does (phase one, the collection from
@@ -33,11 +33,12 @@ import tempfile
 import textwrap
 from unittest import mock
 
-import torch
+# 2 shared cores: more threads only spin (docs/cpu.md); before torch starts its pool
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+import torch  # noqa: E402
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 import builtin  # noqa: E402
 import data  # noqa: E402
 import rlep  # noqa: E402
@@ -146,9 +147,12 @@ def step_numbers(recording: Recording, cfg, tokenizer) -> dict:
                         "replays_correct": sum(s.correct for s in group if s.replay),
                         "pooled": len(args["row"]["responses"]),
                         "mini_batch": mini_batch_of[position] + 1, "rescued": visit["rescued"]})
-    # the shown prompt: the first rescue of the off-policy mini-batch
+    # the shown prompt: the first rescue of the off-policy mini-batch, else its first group
+    # with mixed rewards (the test then asks for another shown_step)
     offpolicy = len(mini_batches) - 1
-    shown = next(p for p in prompts if p["rescued"] and p["mini_batch"] == offpolicy + 1)
+    candidates = [p for p in prompts if p["mini_batch"] == offpolicy + 1
+                  and 0 < p["fresh_correct"] + p["replays_correct"] < group_size]
+    shown = next((p for p in candidates if p["rescued"]), candidates[0])
     position = shown["position"]
     args, group = group_calls[position]
     advantage_args, advantages = calls["advantages"][position]
@@ -396,6 +400,7 @@ here, so this step is step {step} of phase two of `python rlep.py --preset tiny`
         rows.append([str(p["position"]), code(p["problem"]), p["answer"],
                      f"{p['fresh_correct']} / {n}", f"{p['replays_correct']} / {m}",
                      str(p["mini_batch"]), "yes" if p["rescued"] else ""])
+    why = "a rescue" if group["rescued"] else "mixed rewards (no rescue in that mini-batch)"
     out.append(f"""## The step's prompts
 
 Phase two's step {step} visits {numbers['prompts_per_step']} of the pool's prompts. Each gets
@@ -409,7 +414,7 @@ its only learning signal is the replays'.
 correct: {fn('group')} (verify.py); mini-batch: {fn('plan')}; rescued: {fn('visit')}.
 """ + f"""
 
-The page follows **{group['problem']}** (answer {group['answer']}): a rescue, and in the off-policy
+The page follows **{group['problem']}** (answer {group['answer']}): {why}, and in the off-policy
 mini-batch (mini-batch {numbers['offpolicy']}, below), so its tokens show a ratio other than 1.
 """)
 
@@ -570,10 +575,10 @@ beyond r > c = {c:g}. Cases absent from this mini-batch: {'; '.join(absent) if a
 """)
 
     update = numbers["update"]
+    micro_count = sum(b["micro_batches"] for b in batches)
     out.append(f"""## What the step reports
 
-{fn('update')} returns the step's summary, the row of `phase2/metrics.jsonl` for step {step}:
-the means over its micro-batches, both mini-batches included, of
+{fn('update')} returns the step's summary, in the row of `phase2/metrics.jsonl` for step {step}:
 
 | clip_frac | dual_clip_frac | ratio_mean | ratio_max | grad_norm |
 |---|---|---|---|---|
@@ -582,7 +587,10 @@ the means over its micro-batches, both mini-batches included, of
 {num('ratio_mean', update['ratio_mean'], '.6f')} | {num('ratio_max', update['ratio_max'])} | \
 {num('grad_norm', update['grad_norm'])} |
 
-(ratio_max and grad_norm: the largest r and the mean gradient norm before clipping at 1.)
+clip_frac, dual_clip_frac and ratio_mean are means over the step's {micro_count} micro-batches,
+both mini-batches included (each micro-batch's a token mean); ratio_max is the largest r;
+grad_norm the mean over the {len(batches)} optimizer steps of the gradient norm before its clip
+at 1.
 """)
     return reflow("\n".join(out)) + "\n" + page.block()
 
