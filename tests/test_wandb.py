@@ -86,9 +86,9 @@ def test_the_offline_run_holds_the_numbers_of_metrics_jsonl(tmp_path, tiny_model
              os.path.dirname(tiny_model), "--wandb_project", "rlep-test"]
     rlep.main(flags + ["--phase1_steps", "2", "--phase2_steps", "2", "--collect_step", "2"])
     run_id = (out / "wandb_id").read_text()
-    # a resumed command continues the same W&B run
+    # a resumed command (two steps more, so --override) continues the same W&B run
     rlep.main(flags + ["--phase1_steps", "2", "--phase2_steps", "4", "--collect_step", "2",
-                       "--resume"])
+                       "--resume", "--override"])
     assert (out / "wandb_id").read_text() == run_id
     runs = glob.glob(str(out / "wandb" / "offline-run-*"))
     assert len(runs) == 2 and all(path.endswith(run_id) for path in runs)

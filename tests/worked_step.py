@@ -30,7 +30,6 @@ import os
 import re
 import sys
 import tempfile
-import textwrap
 from unittest import mock
 
 # 2 shared cores: more threads only spin (docs/cpu.md); before torch starts its pool
@@ -41,6 +40,7 @@ repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
 import builtin  # noqa: E402
 import data  # noqa: E402
+import machinery  # noqa: E402
 import rlep  # noqa: E402
 
 page_path = os.path.join(repo, "docs", "worked-step.md")
@@ -53,8 +53,8 @@ shown_step = 2
 # change here (the recorders and the page's labels read this).
 rlep_names = {
     "groups": "make_groups", "group": "build_group", "penalty": "overlong_penalty",
-    "advantages": "group_advantages", "replays": "draw_replays", "plan": "plan_mini_batches",
-    "mini_batch": "build_mini_batch", "old_logprobs": "keep_old_logprobs",
+    "advantages": "group_advantages", "replays": "draw_replays", "plan": "machinery.plan_mini_batches",
+    "mini_batch": "machinery.build_mini_batch", "old_logprobs": "keep_old_logprobs",
     "loss": "policy_loss", "update": "ppo_update", "logprobs": "TokenLogProbs",
     "collect": "collect", "visit": "visit",
 }
@@ -67,6 +67,12 @@ def fn(role: str) -> str:
     return f"`{rlep_names[role]}`"
 
 
+def home(role: str) -> tuple:
+    """(module, attribute) of a role's function: rlep's, or machinery's where named so."""
+    module, _, name = rlep_names[role].rpartition(".")
+    return (machinery if module == "machinery" else rlep), name
+
+
 class Recording:
     """While open, rlep's functions of `recorded_roles` are wrapped: each call made during
     phase two's step `step` is kept as (its arguments by name, its result). make_groups, which
@@ -76,7 +82,7 @@ class Recording:
         self.step = step
         self.current_step = None
         self.calls = collections.defaultdict(list)  # role -> [(arguments, result)]
-        self.real = {role: getattr(rlep, name) for role, name in rlep_names.items()}
+        self.real = {role: getattr(*home(role)) for role in rlep_names}
 
     def wrap(self, role):
         real = self.real[role]
@@ -97,7 +103,7 @@ class Recording:
     def __enter__(self):
         self.stack = contextlib.ExitStack()
         for role in ["groups"] + recorded_roles:
-            self.stack.enter_context(mock.patch.object(rlep, rlep_names[role], self.wrap(role)))
+            self.stack.enter_context(mock.patch.object(*home(role), self.wrap(role)))
         return self
 
     def __exit__(self, *exc):
