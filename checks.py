@@ -1,4 +1,4 @@
-"""The checks in front of a run (rlep.main), with data.py's of the files, rows, pool and disk:
+"""The checks in front of a run (rlep.main), with data.py's of the files, rows and pool:
 bad input is refused in one line (data.UserError) before anything is written or any engine
 starts.
 
@@ -9,19 +9,26 @@ starts.
     check_model       --model_path: a model folder (or a hub name, left to transformers)
     check_start       rank 0's checks of what a command reads: the run in out_dir, the model,
                       the files row by row, the pool, the disk
-    start_verdict     check_start's verdict, for every rank
     stop_line         what Ctrl-C or SIGTERM prints: where, what is saved, what continues
+    check_save_plan   a collect_step phase one reaches
+    check_disk        the peak of the checkpoints (disk_budget, checkpoint_size), metrics,
+                      samples and pool against the free space
 """
 import json
 import operator
 import os
 import re
 import shlex
+import shutil
 import sys
 from dataclasses import asdict
+from typing import NamedTuple
 
-from data import (UserError, check_disk, check_save_plan, latest_checkpoint, load_pool,
-                  read_collection, read_rows)
+import torch
+
+from data import (UserError, checkpoint_path, complete_checkpoints, latest_checkpoint,
+                  leftovers, load_pool, protected_steps, pruned, read_collection, read_rows,
+                  save_plan)
 
 # Each number's range (rlep.Config's fields); a field may have two bounds
 number_ranges = {
@@ -129,11 +136,12 @@ def read_inputs(cfg) -> tuple:
     return train_rows, val_rows, load_pool(cfg.pool) if cfg.pool else None
 
 
-def check_start(cfg, model_path: str, world_size: int) -> dict:
+def check_start(cfg, model_path: str, world_size: int, kept: dict) -> dict:
     """Rank 0's checks of what the command reads, before anything is written: the run in
     out_dir (and how this command differs from it), the model folder and its tokenizer, the
-    data files row by row, the pool, the disk. Raises UserError, or returns the saved config,
-    the records of its changes for config.json and the rows read."""
+    data files row by row, the pool, the disk. Raises UserError, or returns the saved config
+    (every rank needs it) and keeps in `kept` what rank 0 alone needs: the records of its
+    changes for config.json ("changes") and the rows read ("inputs")."""
     from transformers import AutoTokenizer
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise UserError(f"--out_dir {cfg.out_dir}: a file, not a folder")
@@ -164,23 +172,8 @@ def check_start(cfg, model_path: str, world_size: int) -> dict:
     if cfg.phase == "2" and not cfg.pool and not os.path.isfile(collected):
         raise UserError(f"--phase 2 needs --pool FILE, or the collection's {collected}")
     check_disk(cfg, model_path, len(train_rows), world_size)
-    return {"saved": saved, "changes": changes, "inputs": inputs}
-
-
-def start_verdict(cfg, model_path: str, world_size: int, kept: dict) -> dict:
-    """check_start's verdict, for rank0_decides to hand every rank: {"refusal": its one line}
-    or {"saved": the run's config}; what it returns is kept in `kept` on rank 0. A bug (any
-    other exception) is kept as kept["bug"], for rank 0 to raise with its traceback; the
-    others refuse with its name. No rank is left waiting in a collective for one that
-    stopped."""
-    try:
-        kept.update(check_start(cfg, model_path, world_size))
-        return {"saved": kept["saved"]}
-    except UserError as e:
-        return {"refusal": str(e)}
-    except Exception as e:
-        kept["bug"] = e
-        return {"refusal": f"rank 0 stopped at start-up: {e!r}"}
+    kept.update(changes=changes, inputs=inputs)
+    return saved
 
 
 def stop_line(why: str, cfg, argv: list, where: str) -> str:
@@ -199,3 +192,127 @@ def stop_line(why: str, cfg, argv: list, where: str) -> str:
     command = shlex.join([sys.argv[0], *argv] + ([] if cfg.resume else ["--resume"]))
     return (f"rlep.py: stopped ({why}) in {where}; saved in {cfg.out_dir}: {saved}; continue "
             f"with: {launcher} {command}")
+
+
+# ---------------------------------------------------------------------------
+# The save plan and the disk: what a command will write, against the free space
+
+
+def check_save_plan(cfg):
+    """A collect_step phase one never reaches would stop the run after all of phase one.
+    Only a command that collects needs it: not --phase 1 or 2, nor a run given --pool."""
+    collects = cfg.phase in ("all", "collect") and not cfg.pool
+    if collects and not 1 <= cfg.collect_step <= cfg.phase1_steps:
+        raise UserError(f"--collect_step {cfg.collect_step}: the collection needs a phase-one "
+                        f"checkpoint, a step from 1 to --phase1_steps {cfg.phase1_steps}")
+
+
+def folder_bytes(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, name))
+               for root, _, names in os.walk(folder) for name in names)
+
+
+def held_checkpoints(out_dir: str) -> dict:
+    """{(part, step): (bytes, bytes without AdamW's state)} of a run's complete checkpoints,
+    measured."""
+    held = {}
+    for part in ("phase1", "phase2"):
+        part_dir = os.path.join(out_dir, part)
+        for step in complete_checkpoints(part_dir):
+            folder = checkpoint_path(part_dir, step)
+            size = folder_bytes(folder)
+            held[part, step] = (size, size - folder_bytes(os.path.join(folder, "optimizer")))
+    return held
+
+
+class CheckpointSize(NamedTuple):
+    whole: int  # bytes: weights, AdamW's state, tokenizer, trainer state
+    weights: int  # without AdamW's state (the collection's step, once pruned)
+
+
+def checkpoint_size(model_path: str, ranks: int = 1) -> CheckpointSize:
+    """A checkpoint's bytes before one is written: fp32 weights (4 bytes a parameter), AdamW's
+    two moments (8), a tensor's records (1 KiB in safetensors' header, 8 KiB a rank in DCP's
+    files), the model folder's other files (tokenizer, config), 16 KiB of trainer state. The
+    tiny model: 1,662,188 B; 1,576,574 B measured. The model is built on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    tensors = list(model.parameters())  # tied ones once, as a checkpoint saves them
+    params = sum(p.numel() for p in tensors)
+    names = os.listdir(model_path) if os.path.isdir(model_path) else []
+    files = [os.path.join(model_path, name) for name in names
+             if not name.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf"))]
+    weights = 4 * params + (1 << 10) * len(tensors) + (16 << 10)
+    weights += sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    return CheckpointSize(weights + 8 * params + (8 << 10) * len(tensors) * ranks, weights)
+
+
+def disk_budget(cfg, size: CheckpointSize, held: dict) -> dict:
+    """Bytes of checkpoints, at their peak, of the parts this command runs (cfg.phase),
+    from what the run holds now (`held`, from held_checkpoints) and a new checkpoint's
+    `size`. The saves are replayed as save_checkpoint and prune_checkpoints make them: a new
+    checkpoint is written whole beside the others, then the older ones are pruned. Phase
+    one's checkpoints stay through phase two."""
+    sizes = {key: now for key, (now, _) in held.items()}
+    weights = {key: alone for key, (_, alone) in held.items()}
+    on_disk = peak = sum(sizes.values())
+    parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"]}
+    for part in parts.get(cfg.phase, []):
+        protected = protected_steps(cfg, part)
+        # a part resumes after its newest checkpoint (rlep.train)
+        done = max([step for p, step in sizes if p == part], default=0)
+        for step in save_plan(cfg, part):
+            if step <= done:
+                continue
+            sizes[part, step], weights[part, step] = size
+            peak = max(peak, sum(sizes.values()))
+            mine = sorted(s for p, s in sizes if p == part)
+            for old in pruned(mine, cfg.keep_checkpoints):
+                if old in protected:
+                    sizes[part, old] = weights[part, old]
+                else:
+                    del sizes[part, old]
+    return {"per_checkpoint": size.whole, "peak": peak, "on_disk": on_disk,
+            "need": peak - on_disk}
+
+
+def log_bytes(cfg, num_rows: int) -> int:
+    """What a run writes beside its checkpoints, generously: a step's metrics (2 kB, 120 B a
+    prompt) and samples (8 B a token), the collection's progress.jsonl and pool.jsonl (each
+    prompt's K answers at L_max tokens of 4 B: both copies of the right ones, if at most half
+    are), 1 MB for config.json, timings.json, curves.png."""
+    steps = cfg.phase1_steps * (cfg.phase in ("all", "1"))
+    steps += cfg.phase2_steps * (cfg.phase in ("all", "2"))
+    sample = 8 * (cfg.max_prompt_len + cfg.max_response_len)
+    per_step = 2000 + 120 * cfg.prompts_per_step + cfg.log_samples * sample
+    collects = cfg.phase in ("all", "collect") and not cfg.pool
+    pool = 4 * cfg.collect_k * cfg.max_response_len * num_rows
+    return steps * per_step + collects * pool + 10**6
+
+
+def show_bytes(n: float) -> str:
+    """GB, MB below a GB, kB below an MB."""
+    size, unit = next(x for x in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (0, "B")) if n >= x[0])
+    return f"{n / max(size, 1):.1f} {unit}"
+
+
+def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1):
+    """Refuse a command whose checkpoints, metrics, samples and pool would not fit on the
+    output disk (num_rows: the training prompts the collection answers). Called before
+    anything is written, so that a refused start leaves no run behind."""
+    need = disk_budget(cfg, checkpoint_size(model_path, ranks), held_checkpoints(cfg.out_dir))
+    logs = log_bytes(cfg, num_rows)
+    # the output folder may not exist yet: the disk it will be on
+    where = os.path.abspath(cfg.out_dir)
+    while not os.path.isdir(where):
+        where = os.path.dirname(where)
+    free = shutil.disk_usage(where).free + sum(map(folder_bytes, leftovers(cfg.out_dir)))
+    peak, each, held = (show_bytes(need[k]) for k in ("peak", "per_checkpoint", "on_disk"))
+    print(f"disk: checkpoints peak at {peak} ({each} each, --keep_checkpoints "
+          f"{cfg.keep_checkpoints}), {held} of them on disk already; metrics, samples and the "
+          f"pool up to {show_bytes(logs)}; {show_bytes(free)} free in {where}", flush=True)
+    if need["need"] + logs > free:
+        raise UserError(f"--out_dir {cfg.out_dir}: {show_bytes(free)} free, this command's "
+                        f"checkpoints and logs need {show_bytes(need['need'] + logs)} more: free "
+                        "some, lower --keep_checkpoints, or use another --out_dir")

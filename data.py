@@ -4,8 +4,8 @@ a step's row of metrics.jsonl and a finished run's report; not the method.
     write_atomic, read_jsonl, append_jsonl     files a crash never leaves half-written
     UserError                                  bad input: one line, exit 2 (rlep.py, eval.py)
     read_rows, save_pool, load_pool            data rows and the experience pool, checked
-    save_checkpoint, load_trainer_state, ...   checkpoints: written whole, pruned, sized
-    check_disk, disk_budget, checkpoint_size   the disk a command's checkpoints and logs need
+    save_checkpoint, load_trainer_state, ...   checkpoints: written whole, pruned (checks.py
+                                               sizes them against the disk)
     step_counts, step_record, log_step         a training step's row of metrics.jsonl
     comparison_table, plot_comparison          a finished run's baseline-vs-RLEP report
     start_wandb, track, finish_wandb           live curves on Weights & Biases (optional)
@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 from dataclasses import asdict
-from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -59,6 +58,26 @@ def read_jsonl(path: str) -> list:
         with contextlib.suppress(json.JSONDecodeError):
             rows.append(json.loads(line))
     return rows
+
+def save_config(out_dir: str, config: dict, saved: dict, changes: list[dict]):
+    """config.json: the run's Config; with "overrides", every --override's changes (the
+    saved ones, then this command's `changes`) and the steps they took effect at."""
+    os.makedirs(out_dir, exist_ok=True)
+    overrides = saved.get("overrides", []) + changes
+    record = {**config, **({"overrides": overrides} if overrides else {})}
+    write_atomic(os.path.join(out_dir, "config.json"), json.dumps(record, indent=2))
+
+def add_timings(out_dir: str, total: float, parts: dict, **more):
+    """timings.json: seconds in all and per part, added to a resumed run's earlier
+    processes' (counted in "processes")."""
+    path = os.path.join(out_dir, "timings.json")
+    earlier = (read_jsonl(path) or [{}])[0]  # one line
+    spent = collections.Counter(earlier.get("parts_s", {}))
+    spent.update(parts)
+    processes = earlier.get("processes", 1 if earlier else 0) + 1
+    timings = {"total_s": earlier.get("total_s", 0) + total, "parts_s": spent,
+               "processes": processes, **more}
+    write_atomic(path, json.dumps(timings))
 
 def append_jsonl(path: str, rows: list):
     with open(path, "a") as f:
@@ -304,7 +323,7 @@ def save_checkpoint(part_dir: str, step: int, policy, optimizer, tokenizer, cfg,
         write_atomic(os.path.join(tmp, "rlep_config.json"), json.dumps(asdict(cfg), indent=2))
     # rank 0's full copy goes before AdamW's state is gathered
     del weights
-    if d.ddp:
+    if d.distributed:
         dist.barrier()
     optimizer_state = get_optimizer_state_dict(policy, optimizer)
     dcp.save({"optimizer": optimizer_state}, checkpoint_id=os.path.join(tmp, "optimizer"))
@@ -316,7 +335,7 @@ def save_checkpoint(part_dir: str, step: int, policy, optimizer, tokenizer, cfg,
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         prune_checkpoints(part_dir, cfg.keep_checkpoints, protected)
-    if d.ddp:
+    if d.distributed:
         dist.barrier()
 
 def load_trainer_state(ckpt: str, policy, optimizer):
@@ -328,6 +347,11 @@ def load_trainer_state(ckpt: str, policy, optimizer):
     trainer_state = torch.load(os.path.join(ckpt, "trainer_state.pt"), map_location="cpu")
     torch.set_rng_state(trainer_state["torch_rng"])
 
+def protected_steps(cfg, part: str) -> set[int]:
+    """The steps whose weights pruning keeps: phase one's collect_step, which the
+    collection reads (cfg: rlep.Config)."""
+    return {cfg.collect_step} if part == "phase1" else set()
+
 def save_plan(cfg, part: str) -> list[int]:
     """The steps a part saves (cfg: rlep.Config): every save_every-th and its last; phase
     one also collect_step, which the collection reads."""
@@ -337,118 +361,6 @@ def save_plan(cfg, part: str) -> list[int]:
         plan.add(cfg.collect_step)
     # a step past the part is never reached (check_save_plan refuses it where it matters)
     return sorted(step for step in plan if 1 <= step <= steps)
-
-def check_save_plan(cfg):
-    """A collect_step phase one never reaches would stop the run after all of phase one.
-    Only a command that collects needs it: not --phase 1 or 2, nor a run given --pool."""
-    collects = cfg.phase in ("all", "collect") and not cfg.pool
-    if collects and not 1 <= cfg.collect_step <= cfg.phase1_steps:
-        raise UserError(f"--collect_step {cfg.collect_step}: the collection needs a phase-one "
-                        f"checkpoint, a step from 1 to --phase1_steps {cfg.phase1_steps}")
-
-def folder_bytes(folder: str) -> int:
-    return sum(os.path.getsize(os.path.join(root, name))
-               for root, _, names in os.walk(folder) for name in names)
-
-def held_checkpoints(out_dir: str) -> dict:
-    """{(part, step): (bytes, bytes without AdamW's state)} of a run's complete checkpoints,
-    measured."""
-    held = {}
-    for part in ("phase1", "phase2"):
-        part_dir = os.path.join(out_dir, part)
-        for step in complete_checkpoints(part_dir):
-            folder = checkpoint_path(part_dir, step)
-            size = folder_bytes(folder)
-            held[part, step] = (size, size - folder_bytes(os.path.join(folder, "optimizer")))
-    return held
-
-class CheckpointSize(NamedTuple):
-    whole: int  # bytes: weights, AdamW's state, tokenizer, trainer state
-    weights: int  # without AdamW's state (the collection's step, once pruned)
-
-def checkpoint_size(model_path: str, ranks: int = 1) -> CheckpointSize:
-    """A checkpoint's bytes before one is written: fp32 weights (4 bytes a parameter), AdamW's
-    two moments (8), a tensor's records (1 KiB in safetensors' header, 8 KiB a rank in DCP's
-    files), the model folder's other files (tokenizer, config), 16 KiB of trainer state. The
-    tiny model: 1,662,188 B; 1,576,574 B measured. The model is built on the meta device."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    tensors = list(model.parameters())  # tied ones once, as a checkpoint saves them
-    params = sum(p.numel() for p in tensors)
-    names = os.listdir(model_path) if os.path.isdir(model_path) else []
-    files = [os.path.join(model_path, name) for name in names
-             if not name.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf"))]
-    weights = 4 * params + (1 << 10) * len(tensors) + (16 << 10)
-    weights += sum(os.path.getsize(f) for f in files if os.path.isfile(f))
-    return CheckpointSize(weights + 8 * params + (8 << 10) * len(tensors) * ranks, weights)
-
-def disk_budget(cfg, size: CheckpointSize, held: dict) -> dict:
-    """Bytes of checkpoints, at their peak, of the parts this command runs (cfg.phase),
-    from what the run holds now (`held`, from held_checkpoints) and a new checkpoint's
-    `size`. The saves are replayed as save_checkpoint and prune_checkpoints make them: a new
-    checkpoint is written whole beside the others, then the older ones are pruned. Phase
-    one's checkpoints stay through phase two."""
-    sizes = {key: now for key, (now, _) in held.items()}
-    weights = {key: alone for key, (_, alone) in held.items()}
-    on_disk = peak = sum(sizes.values())
-    parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"]}
-    for part in parts.get(cfg.phase, []):
-        # as rlep.train's: the collection reads this step's weights
-        protected = {cfg.collect_step} if part == "phase1" else set()
-        # a part resumes after its newest checkpoint (rlep.train)
-        done = max([step for p, step in sizes if p == part], default=0)
-        for step in save_plan(cfg, part):
-            if step <= done:
-                continue
-            sizes[part, step], weights[part, step] = size
-            peak = max(peak, sum(sizes.values()))
-            mine = sorted(s for p, s in sizes if p == part)
-            for old in pruned(mine, cfg.keep_checkpoints):
-                if old in protected:
-                    sizes[part, old] = weights[part, old]
-                else:
-                    del sizes[part, old]
-    return {"per_checkpoint": size.whole, "peak": peak, "on_disk": on_disk,
-            "need": peak - on_disk}
-
-def log_bytes(cfg, num_rows: int) -> int:
-    """What a run writes beside its checkpoints, generously: a step's metrics (2 kB, 120 B a
-    prompt) and samples (8 B a token), the collection's progress.jsonl and pool.jsonl (each
-    prompt's K answers at L_max tokens of 4 B: both copies of the right ones, if at most half
-    are), 1 MB for config.json, timings.json, curves.png."""
-    steps = cfg.phase1_steps * (cfg.phase in ("all", "1"))
-    steps += cfg.phase2_steps * (cfg.phase in ("all", "2"))
-    sample = 8 * (cfg.max_prompt_len + cfg.max_response_len)
-    per_step = 2000 + 120 * cfg.prompts_per_step + cfg.log_samples * sample
-    collects = cfg.phase in ("all", "collect") and not cfg.pool
-    pool = 4 * cfg.collect_k * cfg.max_response_len * num_rows
-    return steps * per_step + collects * pool + 10**6
-
-def show_bytes(n: float) -> str:
-    """GB, MB below a GB, kB below an MB."""
-    size, unit = next(x for x in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (0, "B")) if n >= x[0])
-    return f"{n / max(size, 1):.1f} {unit}"
-
-def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1):
-    """Refuse a command whose checkpoints, metrics, samples and pool would not fit on the
-    output disk (num_rows: the training prompts the collection answers). Called before
-    anything is written, so that a refused start leaves no run behind."""
-    need = disk_budget(cfg, checkpoint_size(model_path, ranks), held_checkpoints(cfg.out_dir))
-    logs = log_bytes(cfg, num_rows)
-    # the output folder may not exist yet: the disk it will be on
-    where = os.path.abspath(cfg.out_dir)
-    while not os.path.isdir(where):
-        where = os.path.dirname(where)
-    free = shutil.disk_usage(where).free + sum(map(folder_bytes, leftovers(cfg.out_dir)))
-    peak, each, held = (show_bytes(need[k]) for k in ("peak", "per_checkpoint", "on_disk"))
-    print(f"disk: checkpoints peak at {peak} ({each} each, --keep_checkpoints "
-          f"{cfg.keep_checkpoints}), {held} of them on disk already; metrics, samples and the "
-          f"pool up to {show_bytes(logs)}; {show_bytes(free)} free in {where}", flush=True)
-    if need["need"] + logs > free:
-        raise UserError(f"--out_dir {cfg.out_dir}: {show_bytes(free)} free, this command's "
-                        f"checkpoints and logs need {show_bytes(need['need'] + logs)} more: free "
-                        "some, lower --keep_checkpoints, or use another --out_dir")
 
 
 # ---------------------------------------------------------------------------

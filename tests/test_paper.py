@@ -17,6 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import builtin
+import checks
 import data
 import rlep
 import verify
@@ -630,7 +631,7 @@ def test_phase_two_starts_from_the_base_models_weights(tmp_path, tiny_model, mon
 
 def no_disk(monkeypatch):
     usage = type("Usage", (), {"total": 1 << 40, "used": 1 << 40, "free": 0})()
-    monkeypatch.setattr(data.shutil, "disk_usage", lambda path: usage)
+    monkeypatch.setattr(checks.shutil, "disk_usage", lambda path: usage)
 
 
 def test_main_checks_the_disk_before_it_builds_anything(tmp_path, tiny_model, monkeypatch,

@@ -25,7 +25,7 @@ def vllm_samples(engine, prompts, seed, temperature=1.0):
 def max_logprob_gap(model, samples, temperature=1.0):
     batch = machinery.collate(samples, pad_id=0, device="cpu", share_prompts=True)
     with torch.no_grad():
-        ours = rlep.TokenLogProbs(model, temperature)(batch)  # (B, T)
+        ours = machinery.TokenLogProbs(model, temperature)(batch)  # (B, T)
     return max(abs(ours[i, t].item() - lp)
                for i, s in enumerate(samples) for t, lp in enumerate(s.vllm_logprobs))
 
@@ -48,7 +48,7 @@ def test_vllm_logprobs_match_trainer_before_and_after_push(engine, tiny_model):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(3):
         batch = machinery.collate(samples, pad_id=0, device="cpu")
-        (-rlep.TokenLogProbs(model, 1.0)(batch).sum()).backward()
+        (-machinery.TokenLogProbs(model, 1.0)(batch).sum()).backward()
         optimizer.step()
         optimizer.zero_grad()
     # the old vLLM log-probs no longer describe the trained model

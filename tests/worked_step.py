@@ -53,9 +53,10 @@ shown_step = 2
 # change here (the recorders and the page's labels read this).
 rlep_names = {
     "groups": "make_groups", "group": "build_group", "penalty": "overlong_penalty",
-    "advantages": "group_advantages", "replays": "draw_replays", "plan": "machinery.plan_mini_batches",
+    "advantages": "group_advantages", "replays": "draw_replays",
+    "plan": "machinery.plan_mini_batches",
     "mini_batch": "machinery.build_mini_batch", "old_logprobs": "keep_old_logprobs",
-    "loss": "policy_loss", "update": "ppo_update", "logprobs": "TokenLogProbs",
+    "loss": "policy_loss", "update": "ppo_update", "logprobs": "machinery.TokenLogProbs",
     "collect": "collect", "visit": "visit",
 }
 recorded_roles = ["group", "penalty", "advantages", "replays", "mini_batch", "old_logprobs",
