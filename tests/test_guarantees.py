@@ -380,25 +380,38 @@ def test_a_save_or_prune_killed_at_any_write_leaves_only_whole_checkpoints(tiny_
 
 
 # -----------------------------------------------------------------------------------------
-# main: a stopped save's leftovers are removed before the disk is measured
+# main: a stopped save's leftovers count as free space, and go only once the checks pass
 
-def test_main_removes_a_stopped_saves_leftovers_before_the_disk_check(tmp_path, tiny_model,
-                                                                       monkeypatch):
+def test_a_stopped_saves_leftovers_count_as_free_and_go_only_after_the_checks(tmp_path,
+                                                                              tiny_model,
+                                                                              monkeypatch):
     out = tmp_path / "run"
     stopped = out / "phase1" / "step_000004.tmp"
     (stopped / "optimizer").mkdir(parents=True)
     (stopped / "model.safetensors").write_bytes(b"\0" * 64)
-    measured = []
+    free = {"bytes": 0}
 
-    def no_room(path):
-        measured.append(stopped.exists())
-        return type("Usage", (), {"total": 1 << 40, "used": 1 << 40, "free": 0})()
-    monkeypatch.setattr(checks.shutil, "disk_usage", no_room)
+    def disk_usage(path):
+        return type("Usage", (), {"total": 1 << 40, "used": 1 << 40, "free": free["bytes"]})()
+    monkeypatch.setattr(checks.shutil, "disk_usage", disk_usage)
+    flags = ["--preset", "tiny", "--out_dir", str(out), "--resume",
+             "--cache_dir", os.path.dirname(tiny_model)]
     monkeypatch.setattr(rlep, "build_engine", lambda *a, **k: pytest.fail("built an engine"))
-    with pytest.raises(RuntimeError, match="GB free"):
-        rlep.main(["--preset", "tiny", "--out_dir", str(out), "--resume",
-                   "--cache_dir", os.path.dirname(tiny_model)])
-    assert measured == [False] and not stopped.exists()
+    # a full disk: the leftover's 64 bytes are the free space, and a refusal deletes nothing
+    with pytest.raises(data.UserError, match=r"^--out_dir .*: 64\.0 B free"):
+        rlep.main(flags)
+    assert stopped.exists()
+    # room enough: the checks pass, then the leftover goes before the engine starts
+    free["bytes"] = 1 << 40
+    seen = []
+
+    def engine_start(*args, **kwargs):
+        seen.append(stopped.exists())
+        raise KeyboardInterrupt
+    monkeypatch.setattr(rlep, "build_engine", engine_start)
+    with pytest.raises(KeyboardInterrupt):
+        rlep.main(flags)
+    assert seen == [False]
 
 
 # -----------------------------------------------------------------------------------------
