@@ -1,5 +1,5 @@
 """
-RLEP: Reinforcement Learning with Experience Replay for LLM Reasoning (arXiv 2507.07451).
+RLEP, Reinforcement Learning with Experience Replay for LLM Reasoning (arXiv 2507.07451).
 
 Phase one trains a GRPO/DAPO baseline from the base model, then samples many answers per
 training prompt from one of its checkpoints and keeps the verified correct ones: the
@@ -93,8 +93,8 @@ dapo_template = (
 class Config:
     # --- data and model
     model_path: str = "Qwen/Qwen2.5-Math-7B"  # π_θ0, where both phases start (a folder)
-    train_file: str = "dapo-math-17k.parquet"  # D, DAPO-Math-17k
-    val_file: str = "dapo_format_aime2024_aime2025_amc2023.parquet"  # avg@val_k per source
+    train_file: str = "dapo-math-17k.parquet"  # D: DAPO parquet, {problem, answer} .jsonl
+    val_file: str = "dapo_format_aime2024_aime2025_amc2023.parquet"  # as D; avg@k per source
     prompt_template: str = dapo_template  # for plain {"problem", "answer"} rows
     out_dir: str = "runs/paper"  # config, a folder per part, checkpoints, metrics
 
@@ -116,9 +116,9 @@ class Config:
     grad_clip: float = 1.0  # the global gradient-norm clip
     mini_batch_prompts: int = 64  # an optimizer step: this x n sequences
     epochs: int = 1  # PPO epochs over each step's batch
-    clip_low: float = 0.2  # ε_low
-    clip_high: float = 0.28  # ε_high, DAPO's clip-higher
-    clip_c: float = 10.0  # c, the dual-clip bound
+    clip_low: float = 0.2  # ε_low: the ratio clipped below at 1 - this
+    clip_high: float = 0.28  # ε_high: above at 1 + this (DAPO's clip-higher)
+    clip_c: float = 10.0  # c: where Â < 0, the token loss is at most -c Â
     micro_batch_size: int = 8  # sequences per forward (memory, not math)
     micro_batch_tokens: int = 16384  # padded tokens a forward, longest first; 0: by the size
     share_prompts: bool = False  # a prompt once per row, then its responses
@@ -151,7 +151,7 @@ class Config:
     resume: bool = False  # continue the run in out_dir
     override: bool = False  # --resume with changed values: take them (config.json records it)
     seed: int = 1  # every random draw derives from it: see seed_for
-    dtype: str = "auto"  # autocast and vLLM; auto: bf16 on GPU, on CPU measured
+    dtype: str = "auto"  # float32 or bfloat16 (autocast, vLLM); auto: GPU bf16, CPU measured
     gradient_checkpointing: bool = True  # memory for compute
     gpu_memory_utilization: float = 0.55  # vLLM's share (docs/gpu.md: Memory budget)
     timeout_minutes: int = 180  # a collective waits this long for a slow rank
@@ -196,7 +196,7 @@ presets["cpu-hard"] = dict(
 def parse_config(argv=None) -> Config:
     """Config defaults <- preset <- command line; booleans also take `--no-flag`."""
     parser = argparse.ArgumentParser(
-        description="RLEP: GRPO with experience replay. A flag's default is the paper's, "
+        description="RLEP, GRPO with experience replay. A flag's default is the paper's, "
         "unless --preset (cpu when not given) sets it.", argument_default=argparse.SUPPRESS)
     # one line, not argparse's usage of every flag
     parser.error = lambda message: parser.exit(2, f"rlep.py: {message} (see --help)\n")
@@ -287,6 +287,8 @@ def build_engine(cfg: Config, model_path: str, d: Dist) -> Engine:
                         max_model_len=cfg.max_prompt_len + cfg.max_response_len,
                         gpu_memory_utilization=cfg.gpu_memory_utilization)
 
+# The long argument lists here and in make_groups are kept: each is a value
+# the caller holds by name; a context object would hide what a function reads.
 def sample_and_grade(engine: Engine, tokenizer, rows: list[dict], k: int, cfg: Config,
                      stop_ids: list[int], d: Dist, seed_key: tuple, temperature: float = None,
                      top_p: float = None, progress: bool = False, keep=None) -> list[dict]:
