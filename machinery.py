@@ -370,7 +370,6 @@ class Split(NamedTuple):
     max_tokens: int  # padded tokens a micro-batch holds, longest rows first; 0: by rows
     share_prompts: bool  # a row holds a prompt once, then its responses (collate)
 
-
 @dataclass
 class MiniBatch:
     micro_batches: list[dict]  # this rank's, the lockstep padding included
@@ -448,38 +447,18 @@ def lockstep_passes(positions, sizes: dict, world_size: int, split: Split) -> in
         most = max(most, len(fewest))
     return most
 
-def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int,
-                       split: Split) -> list[list[tuple[int, int]]]:
+def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int, split: Split,
+                       count: int = None) -> list[list[tuple[int, int]]]:
     """Rank `rank`'s micro-batches of a mini-batch, as (position, sample) pairs: whole
-    groups, a prompt's samples on one rank; lockstep_passes of them, fewer only if it
-    holds fewer rows. Any rank plans any other's."""
+    groups, a prompt's samples on one rank; `count` of them (lockstep_passes when not
+    given), fewer only if it holds fewer rows. Any rank plans any other's."""
     held = [(p, i) for p in positions if p % world_size == rank
             for i in range(len(sizes[p].row_lengths))]
     row_lengths = [sizes[p].row_lengths[i] for p, i in held]
-    count = lockstep_passes(positions, sizes, world_size, split)
+    if count is None:
+        count = lockstep_passes(positions, sizes, world_size, split)
     micro_batches = split_micro_batches(row_lengths, count, split.max_rows, split.max_tokens)
     return [[held[j] for j in micro] for micro in micro_batches]
-
-def build_mini_batch(positions, my_groups: dict, sizes: dict, split: Split, d: Dist,
-                     pad_id: int) -> MiniBatch:
-    """This rank's micro-batches of the prompts at `positions`, as tensors, and N."""
-    micro = []
-    for pairs in rank_micro_batches(positions, sizes, d.rank, d.world_size, split):
-        samples = [my_groups[p][i] for p, i in pairs]
-        micro.append(collate(samples, pad_id, d.device, split.share_prompts))
-    # Lockstep: a rank with fewer rows than the passes (or none) runs an idle
-    # micro-batch for each missing one: a one-token sample with Â = 0, an exactly zero
-    # gradient.
-    passes = lockstep_passes(positions, sizes, d.world_size, split)
-    if passes > len(micro):
-        # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
-        idle = IdleSample([pad_id], [pad_id], old_logprobs=torch.zeros(1, device=d.device))
-        idle_batch = collate([idle], pad_id, d.device, split.share_prompts)
-        idle_batch["idle"] = True
-        micro += [idle_batch] * (passes - len(micro))
-    num_tokens = sum(sizes[p].response_tokens for p in positions)
-    return MiniBatch(micro, num_tokens)
-
 
 @dataclass
 class IdleSample:
@@ -490,6 +469,26 @@ class IdleSample:
     advantage: float = 0.0
     replay: bool = False
     old_logprobs: torch.Tensor = None
+
+def build_mini_batch(positions, my_groups: dict, sizes: dict, split: Split, d: Dist,
+                     pad_id: int) -> MiniBatch:
+    """This rank's micro-batches of the prompts at `positions`, as tensors, and N."""
+    passes = lockstep_passes(positions, sizes, d.world_size, split)
+    micro = []
+    for pairs in rank_micro_batches(positions, sizes, d.rank, d.world_size, split, passes):
+        samples = [my_groups[p][i] for p, i in pairs]
+        micro.append(collate(samples, pad_id, d.device, split.share_prompts))
+    # Lockstep: a rank with fewer rows than the passes (or none) runs an idle
+    # micro-batch for each missing one: a one-token sample with Â = 0, an exactly zero
+    # gradient.
+    if passes > len(micro):
+        # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
+        idle = IdleSample([pad_id], [pad_id], old_logprobs=torch.zeros(1, device=d.device))
+        idle_batch = collate([idle], pad_id, d.device, split.share_prompts)
+        idle_batch["idle"] = True
+        micro += [idle_batch] * (passes - len(micro))
+    num_tokens = sum(sizes[p].response_tokens for p in positions)
+    return MiniBatch(micro, num_tokens)
 
 def group_sizes(my_groups: dict, d: Dist) -> dict:
     """Every rank's groups' sizes, {position: GroupSize}, from this rank's {position:
