@@ -9,11 +9,14 @@ starts.
     check_model       --model_path: a model folder (or a hub name, left to transformers)
     check_start       rank 0's checks of what a command reads: the run in out_dir, the model,
                       the files row by row, the pool, the disk
+    dataclass_flags   the command line: a flag per Config field, its comment the help
     stop_line         what Ctrl-C or SIGTERM prints: where, what is saved, what continues
     check_save_plan   a collect_step phase one reaches
     check_disk        the peak of the checkpoints (disk_budget, checkpoint_size), metrics,
                       samples and pool against the free space
 """
+import argparse
+import inspect
 import json
 import operator
 import os
@@ -54,6 +57,21 @@ comparisons = {">=": (operator.ge, "at least"), ">": (operator.gt, "above"),
 # answers, the overlong window lies inside L_max
 at_most = {"mini_batch_prompts": "prompts_per_step", "min_successes": "collect_k",
            "overlong_buffer": "max_response_len"}
+
+
+def dataclass_flags(cls):
+    """(name, argparse settings) of each field of the dataclass `cls`, from its line in the
+    class's source, the one place a field is described: the help is its comment, a leading
+    "{a, b}: " the values it takes (a field without a comment gets no flag)."""
+    source = inspect.getsource(cls)
+    for name, comment in re.findall(r"^ +(\w+): \w+ = .*?  # (.*)$", source, re.M):
+        kind = cls.__annotations__[name]
+        flag = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        values, text = re.fullmatch(r"(?:\{([^}]*)\}: )?(.*)", comment).groups()
+        flag["help"] = text.replace("%", "%%")  # argparse formats help with %
+        if values:
+            flag["choices"] = values.split(", ")
+        yield name, flag
 
 
 def check_config(cfg, world_size: int = 1) -> list[str]:

@@ -7,13 +7,12 @@ rlep.py makes each a visible call; nothing here needs its types.
 Object collectives cost what they carry: `rank0_decides` broadcasts rank 0's answer once
 (torch's all_gather_object would pad every rank's copy to the largest and hand each rank
 all W of them), and `gather_to_rank0` brings results to the one rank that writes them."""
-import argparse
 import collections
 import datetime
-import inspect
 import logging
 import math
 import os
+import pickle
 import re
 import warnings
 from dataclasses import dataclass
@@ -247,23 +246,6 @@ def start_engine(model_path: str, d: Dist, dtype: str, seed: int, max_model_len:
     return Engine(llm, sleeps=on_gpu)
 
 # ---------------------------------------------------------------------------
-# The command line: a flag per Config field
-
-def dataclass_flags(cls):
-    """(name, argparse settings) of each field of the dataclass `cls`, from its line in the
-    class's source, the one place a field is described: the help is its comment, a leading
-    "{a, b}: " the values it takes (a field without a comment gets no flag)."""
-    source = inspect.getsource(cls)
-    for name, comment in re.findall(r"^ +(\w+): \w+ = .*?  # (.*)$", source, re.M):
-        kind = cls.__annotations__[name]
-        flag = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
-        values, text = re.fullmatch(r"(?:\{([^}]*)\}: )?(.*)", comment).groups()
-        flag["help"] = text.replace("%", "%%")  # argparse formats help with %
-        if values:
-            flag["choices"] = values.split(", ")
-        yield name, flag
-
-# ---------------------------------------------------------------------------
 # The policy: FSDP2's shards, rank 0's weights
 
 def load_model(path: str, d: Dist, gradient_checkpointing: bool):
@@ -360,9 +342,10 @@ class TokenLogProbs(torch.nn.Module):
 # fit in memory, as many passes on every rank (FSDP2's lockstep), collate's tensors
 
 class GroupSize(NamedTuple):
-    position: int  # the prompt's place in the step: rank r holds r, r + W, ...
+    position: int  # the prompt's place in the step's order
     response_tokens: int
     row_lengths: tuple  # per sample: prompt + response tokens, a row's length
+    rank: int = 0  # the rank that generated the group and holds it
 
 class Split(NamedTuple):
     """How a rank's share of a mini-batch is cut into micro-batches (memory, not math)."""
@@ -378,11 +361,9 @@ class MiniBatch:
 def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
                       seed: int) -> list[np.ndarray]:
     """An epoch's mini-batches as runs of consecutive positions of the step's prompts,
-    whose order step_prompts already shuffled. Rank r holds positions r, r + W, ...: a run
-    of k W positions gives every rank k prompts, a run of another length ranks one prompt
-    apart (RLEP's 9 runs of 56 or 57 of 512 prompts: 7 or 8 a rank at W = 8; at W = 64,
-    7 or 8 ranks hold none and run idle passes). The runs do not depend on W (the update
-    is the same on any number of ranks); later epochs take them in another seeded order."""
+    whose order step_prompts already shuffled (RLEP's 9 runs of 56 or 57 of 512). The
+    runs do not depend on W (the update is the same on any number of ranks); later
+    epochs take them in another seeded order."""
     positions = np.arange(num_prompts)
     runs = np.array_split(positions, num_updates)
     if epoch == 0:
@@ -434,31 +415,63 @@ def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
     micro_batches.sort(key=lambda run: -len(run) * max(row_lengths[i] for i in run))
     return micro_batches
 
-def lockstep_passes(positions, sizes: dict, world_size: int, split: Split) -> int:
-    """A mini-batch's passes on every rank: as many as the busiest rank needs. FSDP2
-    gathers the weights in each forward and backward and reduces the gradients, for
-    one token as for 16,384 (verl agrees on the count by an all-reduce; here every rank
-    plans every other's)."""
-    most = 0
-    for rank in range(world_size):
-        row_lengths = [length for p in positions if p % world_size == rank
-                       for length in sizes[p].row_lengths]
-        fewest = split_micro_batches(row_lengths, 0, split.max_rows, split.max_tokens)
-        most = max(most, len(fewest))
-    return most
+def plan_micro_batches(positions, sizes: dict, world_size: int,
+                       split: Split) -> list[list[list[tuple[int, int]]]]:
+    """Every rank's micro-batches of a mini-batch, lists of (position, sample) pairs, as
+    many on every rank (FSDP2's lockstep: it gathers the weights in each forward and
+    backward and reduces the gradients, for one token as for 16,384). Rows, not groups:
+    the mini-batch is cut into W x passes micro-batches of near-equal tokens, longest
+    rows first, and dealt to the ranks in turn: none idles while rows last (RLEP's
+    9 mini-batches of 56 or 57 prompts reach all 64 ranks; whole groups leave 7 or 8
+    none). A row carries its Â and N is the mini-batch's: where a row trains does not
+    change the loss. Rows holding a group (share_prompts) stay where it was generated.
+    Any rank plans every rank's, from the gathered sizes (verl agrees on a count by an
+    all-reduce); on one rank this is split_micro_batches of the mini-batch."""
+    rows = [(p, i) for p in positions for i in range(len(sizes[p].row_lengths))]
+    def cut(held, count):  # -> count micro-batches of held, or more, or fewer rows
+        lengths = [sizes[p].row_lengths[i] for p, i in held]
+        micro_batches = split_micro_batches(lengths, count, split.max_rows, split.max_tokens)
+        return [[held[j] for j in micro] for micro in micro_batches]
+    if split.share_prompts:
+        held = [[(p, i) for p, i in rows if sizes[p].rank == r] for r in range(world_size)]
+        passes = max(len(cut(rows_r, 0)) for rows_r in held)
+        return [cut(rows_r, passes) for rows_r in held]
+    passes = -(-len(cut(rows, 0)) // world_size)  # the fewest micro-batches / W, up
+    # heaviest first, dealt in turn: pass j on every rank holds the j-th W of them
+    micro_batches = cut(rows, passes * world_size)
+    return [micro_batches[rank::world_size] for rank in range(world_size)]
 
-def rank_micro_batches(positions, sizes: dict, rank: int, world_size: int, split: Split,
-                       count: int = None) -> list[list[tuple[int, int]]]:
-    """Rank `rank`'s micro-batches of a mini-batch, as (position, sample) pairs: whole
-    groups, a prompt's samples on one rank; `count` of them (lockstep_passes when not
-    given), fewer only if it holds fewer rows. Any rank plans any other's."""
-    held = [(p, i) for p in positions if p % world_size == rank
-            for i in range(len(sizes[p].row_lengths))]
-    row_lengths = [sizes[p].row_lengths[i] for p, i in held]
-    if count is None:
-        count = lockstep_passes(positions, sizes, world_size, split)
-    micro_batches = split_micro_batches(row_lengths, count, split.max_rows, split.max_tokens)
-    return [[held[j] for j in micro] for micro in micro_batches]
+def exchange(outgoing: list[list], d: Dist) -> list:
+    """outgoing[r] to rank r; back, what every rank sent this one, in rank order. One
+    all-to-all of pickled bytes on the host (gloo): a rank receives only its own."""
+    if not d.distributed:
+        return outgoing[0]
+    kept = outgoing[d.rank]  # not through pickle
+    payloads = [pickle.dumps([] if r == d.rank else items) for r, items in enumerate(outgoing)]
+    send_sizes = torch.tensor([len(p) for p in payloads])
+    recv_sizes = torch.empty_like(send_sizes)
+    dist.all_to_all_single(recv_sizes, send_sizes)
+    sent = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
+    received = torch.empty(int(recv_sizes.sum()), dtype=torch.uint8)
+    dist.all_to_all_single(received, sent, recv_sizes.tolist(), send_sizes.tolist())
+    items, start = [], 0
+    for rank, size in enumerate(recv_sizes.tolist()):
+        part = received[start:start + size].numpy().tobytes()
+        items += kept if rank == d.rank else pickle.loads(part)
+        start += size
+    return items
+
+def step_rows(my_groups: dict, sizes: dict, num_updates: int, split: Split, d: Dist) -> dict:
+    """The rows this rank trains in the step, {(position, sample): sample}: those of its
+    groups planned here, and those the other ranks send (one exchange a step:
+    every epoch's mini-batches are the same runs, and π_θold stays with its row)."""
+    outgoing = [[] for _ in range(d.world_size)]
+    for positions in plan_mini_batches(len(sizes), num_updates, 0, 0):
+        plan = plan_micro_batches(positions, sizes, d.world_size, split)
+        for rank, micro_batches in enumerate(plan):
+            outgoing[rank] += [((p, i), my_groups[p][i]) for micro in micro_batches
+                               for p, i in micro if p in my_groups]
+    return dict(exchange(outgoing, d))
 
 @dataclass
 class IdleSample:
@@ -470,13 +483,15 @@ class IdleSample:
     replay: bool = False
     old_logprobs: torch.Tensor = None
 
-def build_mini_batch(positions, my_groups: dict, sizes: dict, split: Split, d: Dist,
+def build_mini_batch(positions, rows: dict, sizes: dict, split: Split, d: Dist,
                      pad_id: int) -> MiniBatch:
-    """This rank's micro-batches of the prompts at `positions`, as tensors, and N."""
-    passes = lockstep_passes(positions, sizes, d.world_size, split)
+    """This rank's micro-batches of the prompts at `positions`, as tensors, and N; rows:
+    step_rows'."""
+    plan = plan_micro_batches(positions, sizes, d.world_size, split)
+    passes = max(map(len, plan))
     micro = []
-    for pairs in rank_micro_batches(positions, sizes, d.rank, d.world_size, split, passes):
-        samples = [my_groups[p][i] for p, i in pairs]
+    for pairs in plan[d.rank]:
+        samples = [rows[pair] for pair in pairs]
         micro.append(collate(samples, pad_id, d.device, split.share_prompts))
     # Lockstep: a rank with fewer rows than the passes (or none) runs an idle
     # micro-batch for each missing one: a one-token sample with Â = 0, an exactly zero
@@ -497,15 +512,16 @@ def group_sizes(my_groups: dict, d: Dist) -> dict:
     for position, group in my_groups.items():
         response_tokens = sum(len(s.completion_ids) for s in group)
         row_lengths = tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group)
-        my_sizes.append(GroupSize(position, response_tokens, row_lengths))
+        my_sizes.append(GroupSize(position, response_tokens, row_lengths, d.rank))
     return {g.position: g for g in gather_lists(my_sizes, d)}
 
-def epoch_mini_batches(my_groups: dict, sizes: dict, num_updates: int, epoch: int,
+def epoch_mini_batches(rows: dict, sizes: dict, num_updates: int, epoch: int,
                        seed: int, split: Split, d: Dist, pad_id: int) -> list[MiniBatch]:
-    """An epoch's mini-batches (plan_mini_batches): this rank's micro-batches of each, as
-    many passes as every other rank's, and N, the mini-batch's tokens on all ranks."""
+    """An epoch's mini-batches (plan_mini_batches): this rank's micro-batches of each, of
+    its step_rows, as many passes as every other rank's, and N, the mini-batch's tokens
+    on all ranks."""
     runs = plan_mini_batches(len(sizes), num_updates, epoch, seed)
-    return [build_mini_batch(positions, my_groups, sizes, split, d, pad_id)
+    return [build_mini_batch(positions, rows, sizes, split, d, pad_id)
             for positions in runs]
 
 def collate(samples: list, pad_id: int, device, share_prompts: bool = False) -> dict:

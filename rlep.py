@@ -71,15 +71,16 @@ from tqdm import tqdm
 
 import verify
 from builtin import resolve_dtype, resolve_model
-from checks import check_config, check_start, read_inputs, stop_line
+from checks import check_config, check_start, dataclass_flags, read_inputs, stop_line
 from data import (UserError, add_timings, append_jsonl, checkpoint_path, comparison_table,
                   latest_checkpoint, load_pool, load_trainer_state, log_step, protected_steps,
                   plot_comparison, progress_row, read_collection, read_jsonl,
                   remove_leftovers, save_checkpoint, save_plan, save_pool, start_wandb,
                   save_config, step_counts, step_record, finish_wandb, track, write_atomic)
-from machinery import (Completion, Dist, Engine, Split, TokenLogProbs, barrier, dataclass_flags,
+from machinery import (Completion, Dist, Engine, Split, TokenLogProbs, barrier,
                        epoch_mini_batches, gather_lists, gather_to_rank0, group_sizes,
-                       load_model, rank0_decides, setup_distributed, shard, start_engine)
+                       load_model, rank0_decides, setup_distributed, shard, start_engine,
+                       step_rows)
 
 # ---------------------------------------------------------------------------
 # Config: the defaults are the paper's run (docs/paper.md); the default preset: cpu
@@ -460,8 +461,9 @@ def keep_old_logprobs(micro: dict, old_logprobs: torch.Tensor):
         sample.old_logprobs = row[:len(sample.completion_ids)]
 
 def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_update: int,
-               cfg: Config, d: Dist, pad_id: int, seed: int) -> dict:
-    """A training step's update; rank r holds the groups of prompts r, r + W, ..."""
+               cfg: Config, d: Dist, pad_id: int, seed: int) -> tuple[dict, list[Sample]]:
+    """A training step's update; rank r holds the groups of prompts
+    r, r + W, ... Returns its metrics and the samples it trained."""
     # a cache of bf16 weight copies would cost 13 GiB for 7B
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
@@ -471,11 +473,14 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
     total_samples = sum(len(g.row_lengths) for g in sizes.values())
     num_updates = max(1, round(total_samples / sequences_per_update))
     split = Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
+    # the rows this rank trains: rows, not groups, are spread
+    # over the ranks by tokens (plan_micro_batches)
+    rows = step_rows(my_groups, sizes, num_updates, split, d)
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
         # this rank's micro-batches of each
         # mini-batch, and its N (machinery.py)
-        mini_batches = epoch_mini_batches(my_groups, sizes, num_updates, epoch,
+        mini_batches = epoch_mini_batches(rows, sizes, num_updates, epoch,
                                           seed_for(seed, epoch), split, d, pad_id)
         if epoch == 0:
             # π_θold of every sequence, replays included,
@@ -532,7 +537,7 @@ def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_upda
     summary["skipped_updates"] = float(np.sum(stats["skipped_updates"]))
     for key in ("trained_tokens", "trained_response_tokens"):
         summary[key] = int(np.sum(stats[key]))
-    return summary
+    return summary, list(rows.values())
 
 # ---------------------------------------------------------------------------
 # Phase one: GRPO/DAPO from the base model; phase two reruns it as train(..., replay=True)
@@ -603,10 +608,10 @@ def visit(group: list[Sample]) -> dict:
     return {"id": group[0].row_id, "fresh_correct": fresh_correct,
             "replays": len(replays), "rescued": rescued}
 
-def logprob_gaps(groups: list[list[Sample]]) -> list[float]:
-    """|log π_θold - vLLM's log-prob| per fresh token: stale weights, a
-    wrong T or stop, a precision drift show here."""
-    fresh = [s for g in groups for s in g if not s.replay]
+def logprob_gaps(trained: list[Sample]) -> list[float]:
+    """|log π_θold - vLLM's log-prob| per fresh token the rank trained:
+    stale weights, a wrong T or stop, a precision drift show here."""
+    fresh = [s for s in trained if not s.replay]
     # one copy to the host
     old = torch.cat([s.old_logprobs for s in fresh]).tolist() if fresh else []
     sampled = [lp for s in fresh for lp in s.vllm_logprobs]
@@ -668,13 +673,13 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
 
         with clock("training", times):
             update_seed = seed_for(cfg.seed, part, step, "update")
-            stats = ppo_update(policy, optimizer, groups, sequences_per_update, cfg, d,
-                               pad_id, update_seed)
+            stats, trained = ppo_update(policy, optimizer, groups, sequences_per_update,
+                                        cfg, d, pad_id, update_seed)
         with clock("push", times):
             engine.push(policy.model)
 
         visits = [visit(group) for group in groups]
-        my_counts = step_counts(groups, visits, logprob_gaps(groups), tokenizer=tokenizer,
+        my_counts = step_counts(groups, visits, logprob_gaps(trained), tokenizer=tokenizer,
                                 cfg=cfg, stop_ids=stop_ids, update=stats)
         counts = gather_lists([my_counts], d)
         # after stats: step_record's all-rank

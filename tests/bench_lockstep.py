@@ -1,5 +1,5 @@
 """How busy FSDP2's lockstep leaves the ranks: the trainer's own planner
-(machinery.plan_mini_batches, machinery.rank_micro_batches) on the paper preset's step, no
+(machinery.plan_mini_batches, machinery.plan_micro_batches) on the paper preset's step, no
 model. Every rank runs as many passes a mini-batch as the busiest needs; a rank holding fewer
 rows runs idle ones. Response lengths follow a wide distribution (a normal of mean 1,500 and sd
 800 tokens cut to [200, 3,072]; prompts 100-400 tokens); in phase two 15 % of the prompts hold a
@@ -12,13 +12,16 @@ counted), summed over a step's mini-batches; idle_share: the share of all passes
 empty_share: the share run idle by ranks that hold no prompt of the mini-batch (no split helps
 them); padded_share: the share of the real micro-batches' tokens (rows x the longest row) that are
 padding; heaviest_over_mean: pass by pass, the heaviest rank's padded tokens over the mean rank's
-(what a lockstep pass waits on), summed over the step; passes: a rank's update passes a step.
+(what a lockstep pass waits on), summed over the step; passes: a rank's update passes a step;
+heaviest_tokens: the padded tokens of the heaviest rank of each pass, summed over a step.
 Means over --trials steps.
-Run: python tests/bench_lockstep.py [--micro_batch_tokens 0] [--before]   (seconds)
-`--before` replaces the split by the one it replaced: each rank packs its rows alone, longest
-first, as many as fit (fewer passes where it holds fewer tokens), and runs idle passes up to the
-busiest. `--random_draws` replaces the runs by the planner they replaced, each mini-batch a random
-draw of the step's prompts (their ranks as uneven as chance makes them), for comparison."""
+Run: python tests/bench_lockstep.py [--micro_batch_tokens 0] [--whole_groups | --before]  (seconds)
+`--whole_groups` keeps each group on the rank that generated it (the placement rows replaced,
+and share_prompts' still); `--before` also replaces the split by the one it replaced: each rank
+packs its rows alone, longest first, as many as fit (fewer passes where it holds fewer tokens),
+and runs idle passes up to the busiest. `--random_draws` replaces the runs by the planner they
+replaced, each mini-batch a random draw of the step's prompts (their ranks as uneven as chance
+makes them), for comparison."""
 import argparse
 import os
 import sys
@@ -81,20 +84,32 @@ def packed_alone(positions, sizes, rank, world_size, split):
     return [[held[i] for i in micro] for micro in micro_batches]
 
 
+def whole_groups(positions, sizes, world_size, split):
+    """The trainer's split of whole groups, each on the rank that generated it."""
+    return machinery.plan_micro_batches(positions, sizes, world_size,
+                                        split._replace(share_prompts=True))
+
+
+def before(positions, sizes, world_size, split):
+    return [packed_alone(positions, sizes, r, world_size, split) for r in range(world_size)]
+
+
 def simulate(cfg, world_size, phase, trials, seed, planner=machinery.plan_mini_batches,
-             splitter=machinery.rank_micro_batches):
+             splitter=machinery.plan_micro_batches):
     busiest_sum = mean_sum = idle = empty = passes = padding = computed = 0.0
     heaviest_sum = mean_tokens_sum = 0.0
     rng = np.random.default_rng(seed)
     for trial in range(trials):
-        sizes = step_sizes(cfg, phase, rng)
+        # as generated: prompt p on rank p % W
+        sizes = {p: g._replace(rank=p % world_size)
+                 for p, g in step_sizes(cfg, phase, rng).items()}
         total_samples = sum(len(g.row_lengths) for g in sizes.values())
         # the trainer's count: RLEP's 512 x 18 sequences make 9 updates, the baseline's 8
         num_updates = max(1, round(total_samples / (cfg.mini_batch_prompts * cfg.n)))
         runs = planner(len(sizes), num_updates, epoch=0, seed=trial)
         for positions in runs:
             split = machinery.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
-            plans = [splitter(positions, sizes, r, world_size, split) for r in range(world_size)]
+            plans = splitter(positions, sizes, world_size, split)
             counts = [len(plan) for plan in plans]
             busiest = max(counts)
             busiest_sum += busiest
@@ -115,7 +130,7 @@ def simulate(cfg, world_size, phase, trials, seed, planner=machinery.plan_mini_b
     return {"busiest_over_mean": busiest_sum / mean_sum, "idle_share": idle / passes,
             "empty_share": empty / passes, "padded_share": padding / computed,
             "heaviest_over_mean": heaviest_sum / mean_tokens_sum,
-            "passes": busiest_sum / trials}
+            "passes": busiest_sum / trials, "heaviest_tokens": heaviest_sum / trials}
 
 
 def main():
@@ -124,6 +139,8 @@ def main():
                         help="the paper preset's unless given; 0: fixed micro-batches")
     parser.add_argument("--random_draws", action="store_true",
                         help="the earlier planner: mini-batches drawn at random")
+    parser.add_argument("--whole_groups", action="store_true",
+                        help="the earlier placement: each group on the rank that generated it")
     parser.add_argument("--before", action="store_true",
                         help="the earlier split: each rank packs alone, idle up to the busiest")
     parser.add_argument("--trials", type=int, default=20)
@@ -134,14 +151,17 @@ def main():
         flags += ["--micro_batch_tokens", str(args.micro_batch_tokens)]
     cfg = rlep.parse_config(flags)
     planner = random_draws if args.random_draws else machinery.plan_mini_batches
-    splitter = packed_alone if args.before else machinery.rank_micro_batches
+    splitter = machinery.plan_micro_batches
+    if args.whole_groups or args.before:
+        splitter = before if args.before else whole_groups
     for world_size in (1, 8, 16, 64):
         for phase in (1, 2):
             result = simulate(cfg, world_size, phase, args.trials, args.seed, planner, splitter)
-            passes = result.pop("passes")
+            passes, heaviest = result.pop("passes"), result.pop("heaviest_tokens")
             print(f"lockstep W={world_size} phase={phase} "
                   + " ".join(f"{k}={v:.2f}" for k, v in result.items())
-                  + f" passes={passes:.1f} micro_batch_size={cfg.micro_batch_size} "
+                  + f" passes={passes:.1f} heaviest_tokens={heaviest:.0f}"
+                  f" micro_batch_size={cfg.micro_batch_size} "
                   f"micro_batch_tokens={cfg.micro_batch_tokens}")
 
 

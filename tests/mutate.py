@@ -33,6 +33,8 @@ eval_protocol = guarantees + "test_eval_defaults_are_the_papers_protocol"
 chat_rows = guarantees + "test_a_chat_row_is_rendered_from_its_own_messages_a_plain_one_templated"
 both_rules = ("tests/test_eval.py::"
               "test_a_boxed_only_answer_is_right_by_equivalence_and_wrong_by_the_paper_rule")
+planner = "tests/test_planner.py"
+two_rank_update = "tests/test_update.py::test_one_rank_and_two_ranks_make_the_same_update"
 mutations = [
     # the loss
     ("eps swapped in the clip", "rlep.py",
@@ -151,6 +153,15 @@ mutations = [
      "response_tokens = sum(len(s.completion_ids) for s in group)",
      "response_tokens = sum(len(s.completion_ids) for s in group if not s.replay)",
      [guarantees + "test_n_counts_the_replays_tokens"]),
+    # the planner: rows dealt to the ranks, as many passes on each
+    ("passes rounded down", "machinery.py", "passes = -(-len(cut(rows, 0)) // world_size)",
+     "passes = max(1, len(cut(rows, 0)) // world_size)", [planner]),
+    ("shared groups by position", "machinery.py",
+     "if sizes[p].rank == r] for r in range(world_size)]",
+     "if p % world_size == r] for r in range(world_size)]", [planner]),
+    ("received rows dropped", "machinery.py",
+     "items += kept if rank == d.rank else pickle.loads(part)",
+     "items += kept if rank == d.rank else pickle.loads(part)[1:]", [two_rank_update]),
     ("pi_old's pass over the first mini-batch too", "rlep.py",
      "for mini_batch in mini_batches[1:]:", "for mini_batch in mini_batches:",
      [guarantees + "test_old_logprobs_take_one_pass_and_none_for_the_first_mini_batch"]),

@@ -11,6 +11,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import builtin
+import checks
 import data
 import machinery
 import rlep
@@ -124,7 +125,7 @@ def test_config_presets_and_overrides():
 
 
 def test_every_flag_has_its_fields_help_and_its_choices_are_enforced(capsys):
-    flags = dict(machinery.dataclass_flags(rlep.Config))
+    flags = dict(checks.dataclass_flags(rlep.Config))
     assert list(flags) == [field.name for field in dataclasses.fields(rlep.Config)]
     assert all(flag["help"].strip() for flag in flags.values())
     choices = {name: flag["choices"] for name, flag in flags.items() if "choices" in flag}

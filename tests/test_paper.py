@@ -332,7 +332,7 @@ def test_gradients_are_clipped_to_grad_clip_before_each_update(tiny_model):
     policy, optimizer = rlep.build_policy(tiny_model, cfg, single)
     events = []
     watch_updates(optimizer, events, policy)
-    stats = rlep.ppo_update(policy, optimizer, make_groups([4, 4]), 4, cfg, single, 0, seed=0)
+    stats, _ = rlep.ppo_update(policy, optimizer, make_groups([4, 4]), 4, cfg, single, 0, seed=0)
     assert len(events) == 2
     # the norm before the clip is reported; the update sees the clipped one
     assert stats["grad_norm"] > 0.01
@@ -345,7 +345,7 @@ def test_an_update_with_a_non_finite_gradient_is_skipped(tiny_model):
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     groups = make_groups([4, 4])
     groups[1][2].advantage = math.nan  # this mini-batch's gradient is NaN
-    stats = rlep.ppo_update(policy, optimizer, groups, 4, cfg, single, 0, seed=0)
+    stats, _ = rlep.ppo_update(policy, optimizer, groups, 4, cfg, single, 0, seed=0)
     assert stats["skipped_updates"] == 1
     after = policy.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())

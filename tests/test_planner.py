@@ -138,51 +138,78 @@ def paper_sizes(num_prompts, seed, replays=False):
     return cfg, sizes
 
 
+def dealt(sizes, world_size):
+    """The sizes as the trainer gathers them: prompt p generated on rank p % W."""
+    return {p: g._replace(rank=p % world_size) for p, g in sizes.items()}
+
+
 def test_any_rank_plans_the_same_micro_batches_for_every_rank():
     cfg, sizes = paper_sizes(64, seed=1)
+    sizes = dealt(sizes, 8)
     positions = machinery.plan_mini_batches(64, 1, epoch=0, seed=0)[0]
-    plans = [machinery.rank_micro_batches(positions, sizes, r, 8, split_of(cfg)) for r in range(8)]
-    held = sorted(pair for plan in plans for micro in plan for pair in micro)
+    plan = machinery.plan_micro_batches(positions, sizes, 8, split_of(cfg))
+    held = sorted(pair for micro_batches in plan for micro in micro_batches for pair in micro)
     assert held == sorted((p, i) for p in range(64) for i in range(cfg.n))
-    # whole groups on their rank
-    for rank, plan in enumerate(plans):
-        assert all(p % 8 == rank for micro in plan for p, _ in micro)
+    # rows, not groups: a rank trains rows of prompts generated on other ranks
+    assert any(len({p % 8 for micro in micro_batches for p, _ in micro}) > 1
+               for micro_batches in plan)
     # deterministic: planned again, the same
-    again = [machinery.rank_micro_batches(positions, sizes, r, 8, split_of(cfg)) for r in range(8)]
-    assert plans == again
+    assert plan == machinery.plan_micro_batches(positions, sizes, 8, split_of(cfg))
 
 
 @pytest.mark.parametrize("world_size", [2, 8, 64])
 @pytest.mark.parametrize("micro_batch_tokens", [16384, 0])
-def test_every_rank_runs_the_same_passes_and_idles_only_short_of_rows(world_size,
-                                                                     micro_batch_tokens):
+def test_every_rank_runs_the_same_passes_balanced_and_none_idles(world_size,
+                                                                micro_batch_tokens):
     cfg, sizes = paper_sizes(512, seed=4, replays=True)
+    sizes = dealt(sizes, world_size)
     cfg.micro_batch_tokens = micro_batch_tokens
-    split_more = 0  # ranks that run more micro-batches than their rows need
-    # RLEP's 9 runs of 56 or 57 prompts (the first 3): at W = 64 some ranks hold none
+    # RLEP's 9 runs of 56 or 57 prompts (the first 3): at W = 64 fewer prompts than ranks
     for positions in machinery.plan_mini_batches(512, 9, epoch=0, seed=0)[:3]:
-        count = machinery.lockstep_passes(positions, sizes, world_size, split_of(cfg))
-        needs = []
-        for rank in range(world_size):
-            plan = machinery.rank_micro_batches(positions, sizes, rank, world_size,
-                                                split_of(cfg))
-            rows = sum(len(sizes[p].row_lengths) for p in positions if p % world_size == rank)
-            # idle passes (count - len(plan)) only where the rank holds fewer rows
-            assert len(plan) == min(count, rows)
-            for micro in plan:
+        plan = machinery.plan_micro_batches(positions, sizes, world_size, split_of(cfg))
+        lengths = [n for p in positions for n in sizes[p].row_lengths]
+        fewest = len(machinery.split_micro_batches(lengths, 0, cfg.micro_batch_size,
+                                                   micro_batch_tokens))
+        # no idle pass, and no more passes than the fewest the mini-batch needs over W
+        assert {len(micro_batches) for micro_batches in plan} == {-(-fewest // world_size)}
+        loads = []
+        for micro_batches in plan:
+            for micro in micro_batches:
                 lengths = [sizes[p].row_lengths[i] for p, i in micro]
                 if micro_batch_tokens:
                     assert len(lengths) * max(lengths) <= micro_batch_tokens or len(micro) == 1
                 else:
                     assert len(micro) <= cfg.micro_batch_size
-            lengths = [n for p in positions if p % world_size == rank
-                       for n in sizes[p].row_lengths]
-            needs.append(len(machinery.split_micro_batches(lengths, 0, cfg.micro_batch_size,
-                                                      micro_batch_tokens)))
-        # the count is the busiest rank's need
-        assert count == max(needs)
-        split_more += sum(need < count for need in needs)
-    assert split_more > 0
+            loads.append(sum(sizes[p].row_lengths[i] for micro in micro_batches
+                             for p, i in micro))
+        # under a token budget the ranks' tokens balance (by rows, runs are in order)
+        assert max(loads) / np.mean(loads) < (1.1 if micro_batch_tokens else 1.5)
+
+
+def test_shared_prompts_keep_each_group_where_it_was_generated():
+    cfg, sizes = paper_sizes(64, seed=2)
+    # held where generated, not by position (dynamic sampling keeps groups of any rank)
+    sizes = {p: g._replace(rank=p // 2 % 8) for p, g in sizes.items()}
+    split = machinery.Split(cfg.micro_batch_size, 0, share_prompts=True)
+    for positions in machinery.plan_mini_batches(64, 3, epoch=0, seed=0):
+        plan = machinery.plan_micro_batches(positions, sizes, 8, split)
+        for rank, micro_batches in enumerate(plan):
+            held = sorted(pair for micro in micro_batches for pair in micro)
+            assert held == [(p, i) for p in positions if p // 2 % 8 == rank
+                            for i in range(cfg.n)]
+        # as many passes on every rank (idle ones are the update's, for a rank without rows)
+        assert len({len(micro_batches) for micro_batches in plan if micro_batches}) == 1
+
+
+def test_one_rank_plans_the_split_of_the_whole_mini_batch():
+    cfg, sizes = paper_sizes(16, seed=3, replays=True)
+    positions = range(16)
+    lengths = [n for p in positions for n in sizes[p].row_lengths]
+    rows = [(p, i) for p in positions for i in range(len(sizes[p].row_lengths))]
+    for split in (split_of(cfg), split_of(cfg)._replace(max_tokens=0)):
+        one = machinery.plan_micro_batches(positions, sizes, 1, split)[0]
+        alone = machinery.split_micro_batches(lengths, 0, split.max_rows, split.max_tokens)
+        assert one == [[rows[j] for j in micro] for micro in alone]
 
 
 def test_share_prompts_refuses_a_token_budget():

@@ -31,8 +31,8 @@ def test_rescued_counts_a_group_whose_fresh_samples_all_fail_and_a_replay_is_rig
     update = {"trained_tokens": 0, "trained_response_tokens": 0}
     groups = list(groups.values())
     visits = [rlep.visit(group) for group in groups]
-    counts = data.step_counts(groups, visits, rlep.logprob_gaps(groups), tokenizer, cfg, [0],
-                              update)
+    gaps = rlep.logprob_gaps([s for g in groups for s in g])
+    counts = data.step_counts(groups, visits, gaps, tokenizer, cfg, [0], update)
     record = data.step_record([counts])
     assert record["rescued"] == 1
     # of the three visits to pooled prompts (with replays), one was rescued
@@ -82,7 +82,7 @@ def test_imitated_replays_take_no_advantage_and_their_loss_is_the_hand_computed_
         batch = machinery.collate(all_wrong[4:], 0, cpu)
         with torch.no_grad():
             before = (policy(batch) * batch["completion_mask"]).sum()
-        stats = rlep.ppo_update(policy, optimizer, [all_wrong], 6, cfg, d, 0, seed=0)
+        stats, _ = rlep.ppo_update(policy, optimizer, [all_wrong], 6, cfg, d, 0, seed=0)
         with torch.no_grad():
             after = (policy(batch) * batch["completion_mask"]).sum()
         if coef:

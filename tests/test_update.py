@@ -1,7 +1,7 @@
 """The training step's data-parallel math, without vLLM: the same groups through one update on 1
 rank and split over 2 ranks (FSDP2 on gloo) give the same weights, also when a rank has no sample
-in a mini-batch; π_θold is the policy at the step's start in every epoch; a resumed checkpoint
-hands torch a CPU RNG state.
+in a mini-batch and when a group's rows train on both; π_θold is the policy at the step's start
+in every epoch; a resumed checkpoint hands torch a CPU RNG state.
 Run: python -m pytest -q tests/test_update.py"""
 import copy
 import gc
@@ -44,12 +44,14 @@ def update(rank, world, port, model_path, cfg, groups, out):
     d = rlep.Dist(world > 1, rank, world, cpu, rank == 0)
     policy, optimizer = rlep.build_policy(model_path, cfg, d)
     mini_batch = cfg.mini_batch_prompts * cfg.n
-    stats = rlep.ppo_update(policy, optimizer, copy.deepcopy(groups[rank::world]), mini_batch,
-                            cfg, d, 0, seed=7)
+    mine = copy.deepcopy(groups[rank::world])
+    stats, trained = rlep.ppo_update(policy, optimizer, mine, mini_batch, cfg, d, 0, seed=7)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(policy.model, options=options)
+    # rows another rank generated, trained here
+    received = len({id(s) for s in trained} - {id(s) for g in mine for s in g})
     if rank == 0:
-        torch.save({"weights": weights, "stats": stats}, out)
+        torch.save({"weights": weights, "stats": stats, "received": received}, out)
     # FSDP2's modules sit in reference cycles holding gloo's work objects: freed while the
     # group lives, or their threads can abort the process at exit
     del policy, optimizer
@@ -58,20 +60,26 @@ def update(rank, world, port, model_path, cfg, groups, out):
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("share_prompts, mini_batch_prompts, num_prompts, micro_batch_tokens", [
-    # 4 mini-batches of 2 whole groups: each rank trains on one group of each
-    (True, 2, 8, 0),
-    # 4 mini-batches of 1 group: in each, one rank has nothing and runs a zero-gradient sample
-    (False, 1, 4, 0),
-    # micro-batches by a token budget, longest rows first: ranks split into different counts
-    (False, 2, 8, 60),
+@pytest.mark.parametrize("share_prompts, mini_batch_prompts, num_prompts, micro_batch_tokens, "
+                         "epochs", [
+    # 4 mini-batches of 2 whole groups (shared prompts): each rank trains its own group
+    (True, 2, 8, 0, 1),
+    # 4 mini-batches of 1 whole group: in each, one rank has nothing and runs a
+    # zero-gradient sample
+    (True, 1, 4, 0, 1),
+    # rows, not groups: a group's rows train on both ranks, sent by an exchange
+    (False, 1, 4, 0, 1),
+    # micro-batches by a token budget, longest rows first; two epochs: π_θold stays with
+    # the rows a rank received
+    (False, 2, 8, 60, 2),
 ])
 def test_one_rank_and_two_ranks_make_the_same_update(tiny_model, tmp_path, free_port, share_prompts,
                                                      mini_batch_prompts, num_prompts,
-                                                     micro_batch_tokens):
+                                                     micro_batch_tokens, epochs):
     cfg = rlep.parse_config(["--preset", "tiny", "--lr", "1e-3", "--micro_batch_size", "5",
                              "--mini_batch_prompts", str(mini_batch_prompts),
                              "--micro_batch_tokens", str(micro_batch_tokens),
+                             "--epochs", str(epochs),
                              "--share_prompts" if share_prompts else "--no-share_prompts"])
     groups = make_groups(num_prompts, cfg.n, seed=3)
     update(0, 1, None, tiny_model, cfg, groups, tmp_path / "one.pt")
@@ -85,6 +93,8 @@ def test_one_rank_and_two_ranks_make_the_same_update(tiny_model, tmp_path, free_
         f"1 vs 2 ranks differ by {gap / moved:.2e} of the update")
     assert one["stats"]["grad_norm"] == pytest.approx(two["stats"]["grad_norm"], rel=1e-5)
     assert len({len(g) for g in groups}) > 1  # groups of several sizes (replays)
+    # shared prompts keep a group on its rank; rows move otherwise
+    assert (two["received"] == 0) == share_prompts
 
 
 def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, monkeypatch):
@@ -112,7 +122,7 @@ def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, m
     monkeypatch.setattr(machinery, "collate", recording_collate)
     monkeypatch.setattr(rlep, "policy_loss", recording_loss)
     mini_batch = cfg.mini_batch_prompts * cfg.n
-    stats = rlep.ppo_update(policy, optimizer, groups, mini_batch, cfg, d, 0, seed=1)
+    stats, _ = rlep.ppo_update(policy, optimizer, groups, mini_batch, cfg, d, 0, seed=1)
     # per epoch: collate every micro-batch, then train on them in order
     assert len(old_used) == len(collated)
     seen = [id(s) for samples in collated for s in samples]

@@ -204,7 +204,7 @@ def step_numbers(recording: Recording, cfg, tokenizer) -> dict:
             "fresh_tokens": fresh_tokens, "replay_tokens": replay_tokens,
             "micro_losses": micro_losses, "loss": sum(micro_losses),
             "max_abs_log_ratio": max(log_ratios), "micro_batches": len(micro_losses)})
-    update_args, stats = calls["update"][0]
+    update_args, (stats, _) = calls["update"][0]
     total = sum(len(group) for _, group in group_calls)
     return {
         "step": shown_step, "flags": preset_flags, "seed": cfg.seed, "n": cfg.n,
