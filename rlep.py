@@ -34,8 +34,8 @@ Deviations from the paper (and its verl code):
    responses scored -1.
 6. Training prompts are de-duplicated and shuffled per epoch; the paper's file repeats
    each one ~100 times.
-7. Mini-batches are runs of the step's shuffled prompts, whole groups, as many on every
-   rank; verl's are ranges of a token-balanced order.
+7. Mini-batches are runs of the step's shuffled prompts, whole groups, their rows dealt
+   to the ranks by tokens; verl's are ranges of a token-balanced order.
 Controls the paper lacks, tagged `# control:`, off by default (docs/studies.md):
 `--phase1_prompts pool`, `--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`.
 """
