@@ -454,6 +454,64 @@ def noise(p: float, samples: int) -> float:
     return 100 * math.sqrt(max(p * (1 - p), 0.0) / samples)
 
 
+def curve_line(name: str, acc, per_point: int) -> str:
+    """A curves-table row: mean (sd) over seeds at each point, the peak, the final and one
+    point's noise. acc: (seeds, points) validation accuracy."""
+    spread = acc.std(0, ddof=1) if len(acc) > 1 else 0 * acc[0]
+    cells = [f"{100 * m:.1f} ({100 * sd:.1f})" for m, sd in zip(acc.mean(0), spread)]
+    final = acc[:, -1].mean()
+    return (f"| {name} | " + " | ".join(cells) + f" | {100 * acc[:, 1:].max(1).mean():.1f} | "
+            f"{100 * final:.1f} | ±{noise(final, per_point):.1f} |")
+
+
+def contrast_lines(rows: list) -> list[str]:
+    """contrasts_table's rows as a markdown table."""
+    lines = ["| contrast | measure | mean [raw 95 %] | p | Holm rank, level | Holm interval "
+             "| Holm p | word |", "|---" * 8 + "|"]
+    for r in rows:
+        lines.append(f"| {r['contrast']} | {r['measure']} | {points(r['mean'], *r['raw'])} | "
+                     f"{r['p']:.4f} | {r['rank']}, {r['level']:.4f} | "
+                     f"{points(r['mean'], *r['holm'])} | {r['p_holm']:.4f} | {r['word']} |")
+    return lines
+
+
+def per_kind_finals(found: dict, seeds: list, names, pairs: list, per_point: int,
+                    avg: str) -> tuple:
+    """(lines, {arm: {kind: finals over seeds}}): the final per kind (data_source), mean over
+    seeds with one point's noise, and the pairs' final differences per kind with raw 95 %
+    t-intervals (exploratory). No kinds: ([], {})."""
+    kinds = sorted(found[seeds[0], "A1"][3])
+    if not kinds:
+        return [], {}
+    by_kind = {arm: {k: np.array([found[s, arm][3][k][-1] for s in seeds]) for k in kinds}
+               for arm in names}
+    per_kind = per_point / len(kinds)
+    lines = ["", f"Final {avg} by kind (data_source), mean over seeds, % (± one point's "
+             f"sampling noise, {per_kind:.0f} samples a kind):", "",
+             "| arm | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    for arm in names:
+        means = [by_kind[arm][k].mean() for k in kinds]
+        cells = [f"{100 * m:.1f} (±{noise(m, per_kind):.1f})" for m in means]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", "Per kind, the final's paired contrasts, raw 95 % t-intervals in points: "
+              "exploratory (not in the family, no correction, no causal reading):", "",
+              "| contrast | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    for a, b in pairs:
+        cells = [interval(by_kind[a][k] - by_kind[b][k]) for k in kinds]
+        lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
+    return lines, {arm: {k: v.tolist() for k, v in d.items()} for arm, d in by_kind.items()}
+
+
+def rescues(rows: list) -> tuple:
+    """(rescued visits of the training steps, their share of the visits to pooled prompts in
+    steps 1-3): a cell of the "Pools and rescues" table."""
+    rows = [r for r in rows if r["step"] > 0]
+    early = [r for r in rows if r["step"] <= 3]
+    pooled = sum(v["replays"] > 0 for r in early for v in r["visits"])
+    share = sum(r["rescued"] for r in early) / max(1, pooled)
+    return sum(r["rescued"] for r in rows), share
+
+
 def provenance() -> str:
     """The plan's commit and the code's, for the report."""
     def git(*args):
@@ -496,12 +554,7 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
     results = {"preset": cfg.preset, "seeds": seeds, "steps": steps.tolist(), "val_k": cfg.val_k,
                "provenance": lines[0], "arms": {}}
     for arm, (label, _, _) in names.items():
-        spread = acc[arm].std(0, ddof=1) if len(seeds) > 1 else 0 * acc[arm][0]
-        cells = [f"{100 * m:.1f} ({100 * sd:.1f})" for m, sd in zip(acc[arm].mean(0), spread)]
-        final = acc[arm][:, -1].mean()
-        lines.append(f"| {arm}: {label} | " + " | ".join(cells)
-                     + f" | {100 * acc[arm][:, 1:].max(1).mean():.1f} | {100 * final:.1f} "
-                     f"| ±{noise(final, per_point):.1f} |")
+        lines.append(curve_line(f"{arm}: {label}", acc[arm], per_point))
         results["arms"][arm] = {"acc": acc[arm].tolist()}
     gap = max(100 * abs(acc[a][i, 0] - acc[b][i, 0]) for i in range(len(seeds))
               for a in names for b in names)
@@ -516,33 +569,13 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
               f"over the family of {len(rows)} (family-wise 0.05); the word from the Holm "
               f"interval: a difference if it excludes 0, a null if it holds 0 inside "
               f"±{null_band:.1f}, else uninformative:", "",
-              "| contrast | measure | mean [raw 95 %] | p | Holm rank, level | Holm interval "
-              "| Holm p | word |", "|---" * 8 + "|"]
-    for r in rows:
-        lines.append(f"| {r['contrast']} | {r['measure']} | {points(r['mean'], *r['raw'])} | "
-                     f"{r['p']:.4f} | {r['rank']}, {r['level']:.4f} | "
-                     f"{points(r['mean'], *r['holm'])} | {r['p_holm']:.4f} | {r['word']} |")
+              *contrast_lines(rows)]
     # per kind: finals, noise, the contrasts' raw intervals (exploratory)
-    kinds = sorted(found[seeds[0], "A1"][3])
-    if kinds:
-        by_kind = {arm: {k: np.array([found[s, arm][3][k][-1] for s in seeds]) for k in kinds}
-                   for arm in names}
-        per_kind = per_point / len(kinds)
-        lines += ["", f"Final {avg} by kind (data_source), mean over seeds, % (± one point's "
-                  f"sampling noise, {per_kind:.0f} samples a kind):", "",
-                  "| arm | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
-        for arm in names:
-            means = [by_kind[arm][k].mean() for k in kinds]
-            cells = [f"{100 * m:.1f} (±{noise(m, per_kind):.1f})" for m in means]
-            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-        lines += ["", "Per kind, the final's paired contrasts, raw 95 % t-intervals in points: "
-                  "exploratory (not in the family, no correction, no causal reading):", "",
-                  "| contrast | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
-        for a, b in study_family(with_a6):
-            cells = [interval(by_kind[a][k] - by_kind[b][k]) for k in kinds]
-            lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
-        results["kinds"] = {arm: {k: v.tolist() for k, v in d.items()}
-                            for arm, d in by_kind.items()}
+    kind_lines, by_kind = per_kind_finals(found, seeds, names, study_family(with_a6), per_point,
+                                          avg)
+    if by_kind:
+        lines += kind_lines
+        results["kinds"] = by_kind
     # the pools and the rescues
     replay_arms = [arm for arm in names if names[arm][2] == "phase2"]
     num_train = len(data.read_rows(cfg.train_file))
@@ -556,11 +589,8 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
         main = os.path.join(out, f"seed{s}")
         cells = [f"{len(data.read_jsonl(os.path.join(main, 'collect', 'pool.jsonl')))}"]
         for arm in replay_arms:
-            rows_ = [r for r in found[s, arm][2] if r["step"] > 0]
-            early = [r for r in rows_ if r["step"] <= 3]
-            pooled = sum(v["replays"] > 0 for r in early for v in r["visits"])
-            share = sum(r["rescued"] for r in early) / max(1, pooled)
-            cells.append(f"{sum(r['rescued'] for r in rows_)} ({100 * share:.0f} %)")
+            rescued, share = rescues(found[s, arm][2])
+            cells.append(f"{rescued} ({100 * share:.0f} %)")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     # the mechanism
     mech = mechanism(found, seeds, cfg.n)
@@ -641,26 +671,11 @@ def plot(out: str, steps, results: dict, names: dict):
         import matplotlib.pyplot as plt
     except ImportError:
         return print("no plot: matplotlib is not installed")
-    avg = f"avg@{results['val_k']}"
     rows = results["contrasts"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 2),
                                       layout="constrained", width_ratios=[3, 2])
-    ys = np.arange(len(rows))[::-1]
-    left.axvspan(-null_band, null_band, color="C7", alpha=0.15, lw=0,
-                 label=f"null band ±{null_band:.0f}")
-    left.axvline(0, color="k", lw=1)
-    for y, r in zip(ys, rows):
-        color = "C3" if r["rejected"] else "C0"
-        left.plot(r["holm"], [y, y], color=color, lw=1.5)
-        left.plot(r["raw"], [y, y], color=color, lw=5, alpha=0.6, solid_capstyle="butt")
-        left.plot([r["mean"]], [y], "o", color="k", ms=4)
-    left.set_yticks(ys, [f"{r['contrast']}, {r['measure']}" for r in rows])
-    left.plot([], [], color="C0", lw=5, alpha=0.6, label="raw 95 % t-interval")
-    left.plot([], [], color="C0", lw=1.5, label="Holm-adjusted interval")
-    left.plot([], [], color="C3", lw=1.5, label="Holm: excludes 0")
-    left.set(xlabel=f"difference in {avg} points",
-             title=f"{results['preset']}: paired contrasts over {len(results['seeds'])} seeds")
-    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4)
+    forest_panel(left, rows, f"avg@{results['val_k']}",
+                 f"{results['preset']}: paired contrasts over {len(results['seeds'])} seeds")
     mech = results["mechanism"]
     shown = [(k, v) for k, v in mech.items() if "mean" in v]
     ys = np.arange(len(shown))[::-1]
@@ -680,19 +695,45 @@ def plot(out: str, steps, results: dict, names: dict):
     path = os.path.join(out, "forest.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    curves_figure(out, steps, results, names, f"mean over {len(results['seeds'])} seeds")
+    print(f"plots: {path} (main), {os.path.join(out, 'curves.png')}")
+
+
+def forest_panel(ax, rows: list, avg: str, title: str):
+    """contrasts_table's rows on one axis: raw 95 % (thick) and Holm (thin) intervals, red where
+    Holm rejects, the mean, zero and the null band."""
+    ys = np.arange(len(rows))[::-1]
+    ax.axvspan(-null_band, null_band, color="C7", alpha=0.15, lw=0,
+               label=f"null band ±{null_band:.0f}")
+    ax.axvline(0, color="k", lw=1)
+    for y, r in zip(ys, rows):
+        color = "C3" if r["rejected"] else "C0"
+        ax.plot(r["holm"], [y, y], color=color, lw=1.5)
+        ax.plot(r["raw"], [y, y], color=color, lw=5, alpha=0.6, solid_capstyle="butt")
+        ax.plot([r["mean"]], [y], "o", color="k", ms=4)
+    ax.set_yticks(ys, [f"{r['contrast']}, {r['measure']}" for r in rows])
+    ax.plot([], [], color="C0", lw=5, alpha=0.6, label="raw 95 % t-interval")
+    ax.plot([], [], color="C0", lw=1.5, label="Holm-adjusted interval")
+    ax.plot([], [], color="C3", lw=1.5, label="Holm: excludes 0")
+    ax.set(xlabel=f"difference in {avg} points", title=title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4)
+
+
+def curves_figure(out: str, steps, results: dict, names: dict, over: str):
+    """curves.png: each arm's validation accuracy by training step, its mean over seeds."""
+    import matplotlib.pyplot as plt
+    avg = f"avg@{results['val_k']}"
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
     for i, (arm, (label, _, _)) in enumerate(names.items()):
         mean = 100 * np.array(results["arms"][arm]["acc"]).mean(0)
-        style = "--" if arm in ("A1", "A2") else "-"
+        style = "--" if arm in ("A1", "A2", "A7") else "-"
         ax.plot(steps, mean, style, marker=".", color=f"C{i}", label=f"{arm}: {label}")
     ax.set_xticks(steps)
     ax.set(xlabel="training step", ylabel=f"{avg} (%)",
-           title=f"{results['preset']}: mean over {len(results['seeds'])} seeds "
-                 "(the contrasts: forest.png)")
+           title=f"{results['preset']}: {over} (the contrasts: forest.png)")
     ax.legend(fontsize=8)
     fig.savefig(os.path.join(out, "curves.png"), dpi=120)
     plt.close(fig)
-    print(f"plots: {path} (main), {os.path.join(out, 'curves.png')}")
 
 
 def drop_checkpoints(out: str, seed: int):
