@@ -925,12 +925,22 @@ def run_started(folder: str) -> tuple:
     return (utc(min(times)), "file mtime (last write)") if times else ("-", "not started")
 
 
-def plan_time(plan: str) -> str:
-    """The UTC time of the plan's newest commit, '' if it has none."""
-    done = subprocess.run(["git", "log", "-1", "--format=%ct", "--", plan], cwd=repo,
+def plan_times(plan: str) -> tuple:
+    """The UTC times of the plan's first and newest commits, ('', '') if it has none."""
+    done = subprocess.run(["git", "log", "--format=%ct", "--", plan], cwd=repo,
                           capture_output=True, text=True)
-    stamp = done.stdout.strip()
-    return utc(int(stamp)) if done.returncode == 0 and stamp else ""
+    stamps = done.stdout.split() if done.returncode == 0 else []
+    return (utc(int(stamps[-1])), utc(int(stamps[0]))) if stamps else ("", "")
+
+
+def came_after(when: str, how: str, committed: str) -> str:
+    """Whether a run started after a commit: a logged start says; a last write after the commit
+    does not."""
+    if not committed or how == "not started":
+        return "-"
+    if when <= committed:
+        return "NO"
+    return "yes" if how == "logged" else "not shown (a last write)"
 
 
 def load_dynamic(out: str, seeds: list, family_seeds: list, horizon: int) -> dict:
@@ -982,15 +992,15 @@ def report_dynamic(out: str, seeds: list, family_seeds: list, cfg) -> dict:
     # the curves: every arm over the family's seeds; A1, A3 and A5 also over all their seeds
     acc = {key: c[1] for key, c in found.items()}
     for arm, (label, _, _) in names.items():
-        groups = [("family", family_at)]
-        if arm in ("A1", "A3", "A5"):
-            groups.append(("all", [s for s in seeds if (s, arm) in found]))
+        mine = [s for s in seeds if (s, arm) in found]
+        groups = [("family", family_at)] if family_at and set(family_at) <= set(mine) else []
+        if mine != family_at:
+            groups.append(("all", mine))
         for which, group in groups:
-            if group and (which == "family" or group != family_at):
-                table = np.array([acc[s, arm] for s in group])
-                row = curve_line(f"{arm}: {label}", table, per_point)
-                lines.append(row.replace(" | ", f" | {len(group)} ({which}) | ", 1))
-        if family_at:
+            table = np.array([acc[s, arm] for s in group])
+            row = curve_line(f"{arm}: {label}", table, per_point)
+            lines.append(row.replace(" | ", f" | {len(group)} ({which}) | ", 1))
+        if groups[0][0] == "family":
             results["arms"][arm] = {"acc": [acc[s, arm].tolist() for s in family_at]}
     gap = max(100 * abs(acc[s, a][0] - acc[s, b][0]) for s, a in found for b in names
               if (s, b) in found)
@@ -1097,14 +1107,15 @@ def dynamic_family_sections(out: str, found: dict, family_at: list, cfg, names: 
 def start_lines(out: str, seeds: list, family_seeds: list, names: dict,
                 results: dict) -> list[str]:
     """Each arm's first run's start against the plan's commit: the plan must come first."""
-    committed = plan_time(dynamic_plan)
-    lines = ["", f"The plan's commit against each arm's first run: {dynamic_plan} committed "
-             f"{committed or 'never (uncommitted)'}; a run's start as study_replay.py logged it "
-             "(the first line of FOLDER.log), else, for a run started otherwise, the earliest "
-             "modification time of its config.json and metrics.jsonl (a last write: rlep.py "
-             "writes no time, so that time is later than the start and cannot show the plan "
-             "came first):", "", "| arm | first run | started (UTC) | from | after the plan |",
-             "|---" * 5 + "|"]
+    first, newest = plan_times(dynamic_plan)
+    committed = f"first at {first}, last at {newest}" if first else "never (uncommitted)"
+    lines = ["", f"The plan's commits against each arm's first run: {dynamic_plan} committed "
+             f"{committed}; a run's start as study_replay.py logged it (the first line of "
+             "FOLDER.log), else, for a run started otherwise, the earliest modification time of "
+             "its config.json and metrics.jsonl (a last write: rlep.py writes no time, so that "
+             "time is later than the start and cannot show the plan came first):", "",
+             "| arm | first run | started (UTC) | from | after the plan's first commit | "
+             "after its last |", "|---" * 6 + "|"]
     results["starts"] = {}
     for arm, (_, suffix, _) in names.items():
         own = [s for s in seeds if arm not in ("A7", "A8") or s in family_seeds]
@@ -1113,9 +1124,9 @@ def start_lines(out: str, seeds: list, family_seeds: list, names: dict,
         if not started:
             continue
         (when, how), seed = started[0]
-        after = ("yes" if when > committed else "NO") if committed else "-"
         results["starts"][arm] = {"folder": f"seed{seed}{suffix}", "time": when, "from": how}
-        lines.append(f"| {arm} | seed{seed}{suffix} | {when} | {how} | {after} |")
+        lines.append(f"| {arm} | seed{seed}{suffix} | {when} | {how} | "
+                     f"{came_after(when, how, first)} | {came_after(when, how, newest)} |")
     return lines
 
 
@@ -1141,7 +1152,7 @@ def plot_dynamic(out: str, steps, results: dict, names: dict):
     plt.close(fig)
     if not results["family_seeds"]:
         return print(f"plots: {os.path.join(out, 'forest.png')}")
-    curves_figure(out, steps, results, names,
+    curves_figure(out, steps, results, {a: names[a] for a in names if a in results["arms"]},
                   f"mean over the family's {len(results['family_seeds'])} seeds")
     fig, (mean_ax, seed_ax) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained",
                                            sharey=True)

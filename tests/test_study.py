@@ -445,7 +445,7 @@ def test_the_dynamic_report_on_synthetic_runs(tmp_path):
     table = open(tmp_path / "table.md").read()
     for heading in ("The family", "A3 - A5 over the 3 seeds", "Seed 1: differs",
                     "At equal generated responses, raw, uncorrected", "Metering",
-                    "The plan's commit against", "by kind", "no overlap: A3's curve starts"):
+                    "The plan's commits against", "by kind", "no overlap: A3's curve starts"):
         assert heading in table, heading
     assert "| A7 | 176.0 (160-192) | 8.0 (8) | 22.0 (20-24) | 7.5 (5-10) | 0.5 (0-1) |" in table
     # A1's curve over the family's 2 seeds and over all 3
@@ -469,3 +469,19 @@ def test_a_run_logs_its_start_before_rlep_writes(tmp_path, monkeypatch):
     when, how = study.run_started(folder)
     assert how == "logged" and abs(study.time.mktime(study.time.strptime(
         when, "%Y-%m-%dT%H:%M:%SZ")) - study.time.mktime(study.time.gmtime())) < 60
+
+
+def test_the_plan_came_first_only_where_a_logged_start_says_so():
+    plan = "2026-12-03T10:00:00Z"
+    assert study.came_after("2026-12-03T11:00:00Z", "logged", plan) == "yes"
+    assert study.came_after("2026-12-03T09:00:00Z", "logged", plan) == "NO"
+    # a last write after the commit does not show that the run started after it
+    assert study.came_after("2026-12-03T11:00:00Z", "file mtime (last write)", plan) == \
+        "not shown (a last write)"
+    assert study.came_after("2026-12-03T09:00:00Z", "file mtime (last write)", plan) == "NO"
+    assert study.came_after("2026-12-03T11:00:00Z", "logged", "") == "-"
+    # the off-policy plan: committed in 2b04552, amended in 7c0a0e0 (docs/studies.md)
+    first, newest = study.plan_times("docs/study-plan.md")
+    assert first and newest and first < newest
+    assert study.plan_times("docs/no-such-plan.md") == ("", "")
+
