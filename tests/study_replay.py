@@ -1177,7 +1177,10 @@ def plot_dynamic(out: str, steps, results: dict, names: dict):
 
 def drop_checkpoints(out: str, seed: int):
     """A finished seed's step_NNNNNN folders (its metrics, pools and logs stay)."""
-    for folder in glob.glob(os.path.join(out, f"seed{seed}*", "phase*", "step_*")):
+    # seedS and seedS-*, not seed(S)0 (with 16 seeds, seed1's would match seed10-seed16)
+    steps = [glob.glob(os.path.join(out, f"seed{seed}{more}", "phase*", "step_*"))
+             for more in ("", "-*")]
+    for folder in steps[0] + steps[1]:
         if not os.path.islink(os.path.dirname(folder)):
             shutil.rmtree(folder)
 

@@ -485,3 +485,13 @@ def test_the_plan_came_first_only_where_a_logged_start_says_so():
     assert first and newest and first < newest
     assert study.plan_times("docs/no-such-plan.md") == ("", "")
 
+
+def test_a_finished_seeds_checkpoints_go_not_seed_10s(tmp_path):
+    for folder in ("seed1", "seed1-A7", "seed10", "seed10-A5"):
+        os.makedirs(tmp_path / folder / "phase1" / "step_000002")
+        (tmp_path / folder / "phase1" / "metrics.jsonl").write_text("")
+    study.drop_checkpoints(str(tmp_path), 1)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/phase1/*"))
+    assert left == ["seed1-A7/phase1/metrics.jsonl", "seed1/phase1/metrics.jsonl",
+                    "seed10-A5/phase1/metrics.jsonl", "seed10-A5/phase1/step_000002",
+                    "seed10/phase1/metrics.jsonl", "seed10/phase1/step_000002"]
