@@ -1025,26 +1025,8 @@ def report_dynamic(out: str, seeds: list, family_seeds: list, cfg) -> dict:
         lines += ["", f"A3 - A5 over the {len(both)} seeds with both (its own Holm over the "
                   f"{len(rows)}, peak and final; worded by the same rule):", "",
                   *contrast_lines(rows)]
-    if 1 in both:
-        pool = os.path.join(out, "seed1", "collect", "pool.jsonl")
-        measured = {arm: rescues(found[1, arm][2]) for arm in ("A3", "A5")}
-        pool_size = len(data.read_jsonl(pool))
-        check = seed1_check(pool_size, measured) if cfg.preset == "cpu-hard" else \
-            f"not checked: the published numbers are preset cpu-hard's, these {cfg.preset}'s"
-        results["seed1"] = {"pool": pool_size, **{a: [r, 100 * f] for a, (r, f) in
-                                                   measured.items()}, "check": check}
-        ref = offpolicy_seed1
-        lines += ["", "Seed 1 against the off-policy study's published numbers (docs/studies.md, "
-                  "\"Pools and rescues\", at 7c0a0e0): the pool's prompts, the rescued visits "
-                  f"of steps 1-{horizon} (their share of the visits to pooled prompts in steps "
-                  "1-3):", "",
-                  "| seed 1 | pool | A3 | A5 |", "|---|---|---|---|",
-                  f"| here | {pool_size} | "
-                  + " | ".join(f"{r} ({100 * f:.0f} %)" for r, f in measured.values()) + " |",
-                  f"| published | {ref['pool']} | {ref['A3'][0]} ({ref['A3'][1]} %) | "
-                  f"{ref['A5'][0]} ({ref['A5'][1]} %) |", "", f"Seed 1: {check}."]
-    elif seeds:
-        lines += ["", "Seed 1 against the off-policy study: seed 1 has no A3 and A5 here."]
+    lines += seed1_lines(out, found, cfg, results) if 1 in both else [
+        "", "Seed 1 against the off-policy study: seed 1 has no A3 and A5 here."]
     if family_at:
         lines += dynamic_family_sections(out, found, family_at, cfg, names, per_point, avg,
                                          results)
@@ -1052,6 +1034,29 @@ def report_dynamic(out: str, seeds: list, family_seeds: list, cfg) -> dict:
     write_report(out, lines, results)
     plot_dynamic(out, steps, results, names)
     return results
+
+
+def seed1_lines(out: str, found: dict, cfg, results: dict) -> list[str]:
+    """Seed 1's pool and rescues beside the off-policy study's published ones, and the check
+    (on cpu-hard, the preset they are of)."""
+    horizon = cfg.phase2_steps
+    pool = os.path.join(out, "seed1", "collect", "pool.jsonl")
+    measured = {arm: rescues(found[1, arm][2]) for arm in ("A3", "A5")}
+    pool_size = len(data.read_jsonl(pool))
+    check = seed1_check(pool_size, measured) if cfg.preset == "cpu-hard" else \
+        f"not checked: the published numbers are preset cpu-hard's, these {cfg.preset}'s"
+    results["seed1"] = {"pool": pool_size, **{a: [r, 100 * f] for a, (r, f) in
+                                               measured.items()}, "check": check}
+    ref = offpolicy_seed1
+    return ["", "Seed 1 against the off-policy study's published numbers (docs/studies.md, "
+            "\"Pools and rescues\", at 7c0a0e0): the pool's prompts, the rescued visits "
+            f"of steps 1-{horizon} (their share of the visits to pooled prompts in steps "
+            "1-3):", "",
+            "| seed 1 | pool | A3 | A5 |", "|---|---|---|---|",
+            f"| here | {pool_size} | "
+            + " | ".join(f"{r} ({100 * f:.0f} %)" for r, f in measured.values()) + " |",
+            f"| published | {ref['pool']} | {ref['A3'][0]} ({ref['A3'][1]} %) | "
+            f"{ref['A5'][0]} ({ref['A5'][1]} %) |", "", f"Seed 1: {check}."]
 
 
 def dynamic_family_sections(out: str, found: dict, family_at: list, cfg, names: dict,
