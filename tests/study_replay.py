@@ -23,6 +23,23 @@ are deleted (their metrics stay).
     python tests/study_replay.py --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 --dtype bfloat16 \
         --out_dir runs/study-cpu-hard-offpolicy --report_only
     python tests/study_replay.py --preset tiny --seeds 1 2 --val_k 4   # the script, in minutes
+
+--study dynamic (docs/study-plan-dynamic.md): replay against DAPO's dynamic sampling. Per seed
+of --seeds, A1, A3 (seedS) and A5 (seedS-A5) as above; on the seeds of --family_seeds also
+
+    A7  baseline, dynamic sampling  --phase 1 --dynamic_sampling (seedS-A7)
+    A8  RLEP, dynamic sampling      --phase 2 --pool A3's pool --dynamic_sampling (seedS-A8)
+
+The family: A3 - A7, A8 - A3, A7 - A1 on the peak and the final (Holm over the 6); A3 - A5 over
+every seed (Holm over its 2) and seed 1 against the off-policy study's published pool and
+rescues; the curves against the responses generated from π_θ0 (compute.png) and their
+differences at equal responses (raw); the metering of generation; each arm's first start
+against the plan's commit; forest.png, curves.png, compute.png.
+
+    python tests/study_replay.py --study dynamic --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 9 \
+        10 11 12 13 14 15 16 --dtype bfloat16 --out_dir runs/study-dynamic
+    python tests/study_replay.py --study dynamic --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 9 \
+        10 11 12 13 14 15 16 --dtype bfloat16 --out_dir runs/study-dynamic --report_only
 """
 import argparse
 import collections
@@ -61,10 +78,31 @@ regime_keys = ("prompts_per_step", "n", "replay_m", "mini_batch_prompts", "epoch
                "equal_updates", "clip_low", "clip_high", "clip_c", "lr", "temperature",
                "phase2_steps", "collect_step", "collect_k", "val_k", "val_every")
 # seconds of each run on the project's machine (bf16, two optimizer steps a training step),
-# until finished runs say better: docs/study-plan.md, "Expected time"
-default_seconds = {"cpu-hard": {"": 600, "-A2": 180, "-A4": 190, "-A5": 190, "-A6": 400},
-                   "cpu": {"": 290, "-A2": 145, "-A4": 155, "-A5": 145, "-A6": 175},
-                   "tiny": {"": 20, "-A2": 15, "-A4": 15, "-A5": 15, "-A6": 15}}
+# until finished runs say better: docs/study-plan.md, "Expected time". -A7 and -A8 (--study
+# dynamic) are guesses, no run has timed them: 1.6 x A2's and 1.6 x A5's, for the further rounds
+# of generation that dynamic sampling draws
+default_seconds = {"cpu-hard": {"": 600, "-A2": 180, "-A4": 190, "-A5": 190, "-A6": 400,
+                                "-A7": 290, "-A8": 305},
+                   "cpu": {"": 290, "-A2": 145, "-A4": 155, "-A5": 145, "-A6": 175,
+                           "-A7": 230, "-A8": 230},
+                   "tiny": {"": 20, "-A2": 15, "-A4": 15, "-A5": 15, "-A6": 15,
+                            "-A7": 25, "-A8": 25}}
+
+# --study dynamic (docs/study-plan-dynamic.md): A1, A3 and A5 as above on every seed; A7 and A8,
+# DAPO's dynamic sampling (--dynamic_sampling), on the family's seeds only
+dynamic_plan = "docs/study-plan-dynamic.md"
+dynamic_arms = {"A1": arms["A1"], "A3": arms["A3"], "A5": arms["A5"],
+                "A7": ("baseline, dynamic sampling", "-A7", "phase1"),
+                "A8": ("RLEP, dynamic sampling", "-A8", "phase2")}
+family_arms = ("A1", "A3", "A7", "A8")  # a seed of the family has all four
+# replay against DAPO's remedy; what dynamic sampling adds to replay; what it buys the baseline
+dynamic_family = [("A3", "A7"), ("A8", "A3"), ("A7", "A1")]
+on_pool = ("A3", "A5", "A8")  # charged phase one up to the collection, and the collection
+# The reproduction check: seed 1's numbers as published by the off-policy study (docs/studies.md,
+# "Pools and rescues" of the off-policy study on cpu-hard, run at commit 7c0a0e0): the pool's
+# prompts; per arm, the rescued visits of steps 1-6 and their share (%, whole) of the visits to
+# pooled prompts in steps 1-3
+offpolicy_seed1 = {"pool": 38, "A3": (18, 58), "A5": (15, 50)}
 
 
 def study_arms(with_a6: bool) -> dict:
@@ -89,6 +127,18 @@ def runs_of(out: str, seed: int, settings: list, cfg, with_a6: bool = False) -> 
     return runs
 
 
+def dynamic_runs_of(out: str, seed: int, settings: list, family_seed: bool) -> list:
+    """(folder, rlep.py flags) of a seed's runs in --study dynamic, in the order they must run:
+    the main run (A1, A3) and A5 as runs_of's; on a seed of the family also A7 and A8."""
+    main = os.path.join(out, f"seed{seed}")
+    pooled = ["--phase", "2", "--pool", os.path.join(main, "collect", "pool.jsonl")]
+    runs = [(main, settings), (main + "-A5", settings + pooled + ["--replay_loss", "nll"])]
+    if family_seed:
+        runs += [(main + "-A7", settings + ["--phase", "1", "--dynamic_sampling"]),
+                 (main + "-A8", settings + pooled + ["--dynamic_sampling"])]
+    return runs
+
+
 def finished(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, "timings.json"))
 
@@ -103,26 +153,36 @@ def run_dtype(folder: str):
     return run_config(folder).get("dtype")
 
 
-def stale_reason(folder: str, dtype: str, cfg) -> str:
-    """Why a started run cannot join the study ('' if it can): another dtype or regime."""
+def stale_reason(folder: str, dtype: str, cfg, dynamic: bool = None) -> str:
+    """Why a started run cannot join the study ('' if it can): another dtype or regime.
+    dynamic (--study dynamic): whether the arm asks for dynamic sampling; a run made without
+    it (no such key) had none; with it, max_gen_rounds must be the study's too."""
     config = run_config(folder)
     if not config:
         return ""
     if config.get("dtype") != dtype:
         return f"not in {dtype}"
     differ = [k for k in regime_keys if config.get(k) != getattr(cfg, k)]
+    if dynamic is not None and config.get("dynamic_sampling", False) != dynamic:
+        differ.append("dynamic_sampling")
+    if dynamic and config.get("max_gen_rounds") != getattr(cfg, "max_gen_rounds", None):
+        differ.append("max_gen_rounds")
     return f"another regime ({', '.join(differ)})" if differ else ""
 
 
-def set_aside_stale(runs: list, dtype: str, cfg):
+def set_aside_stale(runs: list, dtype: str, cfg, dynamic: bool = False):
     """Arms compare at one precision and in one regime: a run in another is renamed
     FOLDER.DTYPE (or FOLDER.old) and run again; if the seed's main run goes, so do the runs
-    on its pool."""
-    stale = {folder: stale_reason(folder, dtype, cfg) for folder, _ in runs}
+    on its pool or its phase one (A6). dynamic: also check each run's dynamic sampling against
+    its flags' (--study dynamic)."""
+    stale = {folder: stale_reason(folder, dtype, cfg,
+                                  ("--dynamic_sampling" in flags) if dynamic else None)
+             for folder, flags in runs}
     stale = {folder: why for folder, why in stale.items() if why}
     if runs[0][0] in stale:
-        stale = {folder: stale.get(folder, "its pool is set aside") for folder, _ in runs
-                 if os.path.exists(folder)}
+        for folder, flags in runs[1:]:
+            if ("--pool" in flags or folder.endswith("-A6")) and os.path.exists(folder):
+                stale.setdefault(folder, "its pool is set aside")
     for folder, why in stale.items():
         aside = f"{folder}.{run_dtype(folder) or dtype}"
         while os.path.exists(aside):
@@ -143,23 +203,35 @@ def run(folder: str, flags: list, main_folder: str):
     command = [sys.executable, "rlep.py", "--out_dir", folder, *flags, *resume]
     print(" ".join(command), flush=True)
     with open(folder + ".log", "a") as log:
+        # rlep.py writes no time: the report's evidence that the plan came first
+        log.write(f"{started_mark}{utc(time.time())}\n")
+        log.flush()
         done = subprocess.run(command, cwd=repo, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
         raise SystemExit(f"failed: {' '.join(command)} (see {folder}.log)")
 
 
-def expected_seconds(out: str, seeds: list, settings: list, cfg, with_a6: bool) -> float:
-    """The runs still to do, each at the mean time of its finished kind (else the default)."""
+def utc(seconds: float) -> str:
+    """A time as ISO 8601 in UTC, to the second."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+started_mark = "study_replay.py: run started at "  # the first line of a run's log
+
+
+def expected_seconds(out: str, seed_runs: dict, preset: str) -> float:
+    """The runs still to do, each at the mean time of its finished kind (else the default).
+    seed_runs: seed -> its runs (runs_of, dynamic_runs_of)."""
     spent = collections.defaultdict(list)
     todo = []
-    for seed in seeds:
-        for folder, _ in runs_of(out, seed, settings, cfg, with_a6):
+    for seed, runs in seed_runs.items():
+        for folder, _ in runs:
             kind = folder[len(os.path.join(out, f"seed{seed}")):]
             if finished(folder):
                 spent[kind].append(json.load(open(os.path.join(folder, "timings.json")))["total_s"])
             else:
                 todo.append(kind)
-    default = default_seconds[cfg.preset]
+    default = default_seconds[preset]
     return sum(np.mean(spent[k]) if spent[k] else default[k] for k in todo)
 
 
@@ -169,7 +241,7 @@ def curve(folder: str, part: str, steps: int) -> tuple:
             if r["step"] <= steps]
     points = [r for r in rows if "val_acc" in r]
     kinds = {k[len("val_acc/"):]: np.array([r[k] for r in points])
-             for k in points[0] if k.startswith("val_acc/")}
+             for k in (points[0] if points else {}) if k.startswith("val_acc/")}
     return (np.array([r["step"] for r in points]), np.array([r["val_acc"] for r in points]),
             rows, kinds)
 
@@ -419,26 +491,34 @@ def mechanism(found: dict, seeds: list, n: int) -> dict:
 # -----------------------------------------------------------------------------------------
 # Compute, in generated responses (docs/study-plan.md, "Fair compute")
 
+def generated(row: dict, n: int) -> int:
+    """A training step's fresh responses from π_θ: its gen_responses; a run made before dynamic
+    sampling was metered generated n a visit."""
+    return row.get("gen_responses", len(row["visits"]) * n)
+
+
 def part_cost(rows: list, n: int, until: int) -> dict:
-    """Generated responses and tokens of training steps 1..until, and sequences trained."""
+    """Generated responses and tokens of training steps 1..until, and sequences trained (the
+    fresh of the visits trained, and their replays)."""
     rows = [r for r in rows if 0 < r["step"] <= until]
-    fresh = [len(r["visits"]) * n for r in rows]
+    fresh = [generated(r, n) for r in rows]
     return {"responses": sum(fresh),
             "tokens": sum(r["response_len"] * f for r, f in zip(rows, fresh)),
-            "trained": sum(f + sum(v["replays"] for v in r["visits"])
-                           for r, f in zip(rows, fresh))}
+            "trained": sum(len(r["visits"]) * n + sum(v["replays"] for v in r["visits"])
+                           for r in rows)}
 
 
-def arm_costs(out: str, seed: int, found: dict, cfg, arm_names) -> dict:
+def arm_costs(out: str, seed: int, found: dict, cfg, arm_names, pooled=None) -> dict:
     """Per arm: (phase one up to the collection, collection, own training) responses, the
-    generated tokens and the sequences trained; every arm but A1 uses the pool."""
+    generated tokens and the sequences trained; the arms in `pooled` use the pool (default:
+    every arm but A1)."""
     main = os.path.join(out, f"seed{seed}")
     before = part_cost(found[seed, "A1"][2], cfg.n, cfg.collect_step)
     costs = {}
     for arm in arm_names:
         own = part_cost(found[seed, arm][2], cfg.n, cfg.phase2_steps)
         charged = {"before": 0, "collection": 0, "tokens": own["tokens"]}
-        if arm != "A1":
+        if (arm != "A1") if pooled is None else (arm in pooled):
             collection = os.path.join(main + ("-A6" if arm == "A6" else ""), "collect")
             tried = data.read_jsonl(os.path.join(collection, "progress.jsonl"))
             charged = {"before": before["responses"], "collection": len(tried) * cfg.collect_k,
@@ -454,21 +534,96 @@ def noise(p: float, samples: int) -> float:
     return 100 * math.sqrt(max(p * (1 - p), 0.0) / samples)
 
 
-def provenance() -> str:
+def curve_line(name: str, acc, per_point: int) -> str:
+    """A curves-table row: mean (sd) over seeds at each point, the peak, the final and one
+    point's noise. acc: (seeds, points) validation accuracy."""
+    spread = acc.std(0, ddof=1) if len(acc) > 1 else 0 * acc[0]
+    cells = [f"{100 * m:.1f} ({100 * sd:.1f})" for m, sd in zip(acc.mean(0), spread)]
+    final = acc[:, -1].mean()
+    return (f"| {name} | " + " | ".join(cells) + f" | {100 * acc[:, 1:].max(1).mean():.1f} | "
+            f"{100 * final:.1f} | ±{noise(final, per_point):.1f} |")
+
+
+def curves_prose(cfg, dtypes: set, n_val: int, seeds_said: str) -> str:
+    """The sentence above a curves table: the validation, the seeds, what the cells are."""
+    return (f"Preset {cfg.preset}, compute dtype {' and '.join(sorted(dtypes))}: validation "
+            f"avg@{cfg.val_k} on {n_val} held-out problems every {cfg.val_every} steps "
+            f"({n_val * cfg.val_k} samples a point); {seeds_said}; mean over seeds (sd over "
+            "seeds), in %; peak: the best point after step 0; noise: one point's sampling noise "
+            "at the final's mean, sqrt(p (1 - p) / samples).")
+
+
+def contrast_lines(rows: list) -> list[str]:
+    """contrasts_table's rows as a markdown table."""
+    lines = ["| contrast | measure | mean [raw 95 %] | p | Holm rank, level | Holm interval "
+             "| Holm p | word |", "|---" * 8 + "|"]
+    for r in rows:
+        lines.append(f"| {r['contrast']} | {r['measure']} | {points(r['mean'], *r['raw'])} | "
+                     f"{r['p']:.4f} | {r['rank']}, {r['level']:.4f} | "
+                     f"{points(r['mean'], *r['holm'])} | {r['p_holm']:.4f} | {r['word']} |")
+    return lines
+
+
+def per_kind_finals(found: dict, seeds: list, names, pairs: list, per_point: int,
+                    avg: str) -> tuple:
+    """(lines, {arm: {kind: finals over seeds}}): the final per kind (data_source), mean over
+    seeds with one point's noise, and the pairs' final differences per kind with raw 95 %
+    t-intervals (exploratory). No kinds: ([], {})."""
+    kinds = sorted(found[seeds[0], "A1"][3])
+    if not kinds:
+        return [], {}
+    by_kind = {arm: {k: np.array([found[s, arm][3][k][-1] for s in seeds]) for k in kinds}
+               for arm in names}
+    per_kind = per_point / len(kinds)
+    lines = ["", f"Final {avg} by kind (data_source), mean over seeds, % (± one point's "
+             f"sampling noise, {per_kind:.0f} samples a kind):", "",
+             "| arm | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    for arm in names:
+        means = [by_kind[arm][k].mean() for k in kinds]
+        cells = [f"{100 * m:.1f} (±{noise(m, per_kind):.1f})" for m in means]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    lines += ["", "Per kind, the final's paired contrasts, raw 95 % t-intervals in points: "
+              "exploratory (not in the family, no correction, no causal reading):", "",
+              "| contrast | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
+    for a, b in pairs:
+        cells = [interval(by_kind[a][k] - by_kind[b][k]) for k in kinds]
+        lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
+    return lines, {arm: {k: v.tolist() for k, v in d.items()} for arm, d in by_kind.items()}
+
+
+def rescues(rows: list) -> tuple:
+    """(rescued visits of the training steps, their share of the visits to pooled prompts in
+    steps 1-3): a cell of the "Pools and rescues" table."""
+    rows = [r for r in rows if r["step"] > 0]
+    early = [r for r in rows if r["step"] <= 3]
+    pooled = sum(v["replays"] > 0 for r in early for v in r["visits"])
+    share = sum(r["rescued"] for r in early) / max(1, pooled)
+    return sum(r["rescued"] for r in rows), share
+
+
+def provenance(plan: str = "docs/study-plan.md") -> str:
     """The plan's commit and the code's, for the report."""
     def git(*args):
         done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else "?"
-    plan = git("log", "-1", "--format=%h %cs", "--", "docs/study-plan.md") or "uncommitted"
+    commit = git("log", "-1", "--format=%h %cs", "--", plan) or "uncommitted"
     changed = git("status", "--porcelain", "--", "rlep.py", "data.py", "builtin.py", "verify.py",
-                  "tests/study_replay.py", "docs/study-plan.md")
+                  "tests/study_replay.py", plan)
     state = "as committed" if not changed else "with uncommitted changes"
-    return f"plan docs/study-plan.md at {plan}; code at {git('rev-parse', '--short', 'HEAD')} " \
+    return f"plan {plan} at {commit}; code at {git('rev-parse', '--short', 'HEAD')} " \
            f"({state})"
 
 
 # -----------------------------------------------------------------------------------------
 # The report
+
+def write_report(out: str, lines: list, results: dict):
+    """table.md and results.json in out; the table on stdout."""
+    table = "\n".join(lines)
+    open(os.path.join(out, "table.md"), "w").write(table + "\n")
+    json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1, default=float)
+    print(table)
+
 
 def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
     names = study_arms(with_a6)
@@ -486,22 +641,14 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
     avg = f"avg@{cfg.val_k}"
     acc = {arm: np.array([found[s, arm][1] for s in seeds]) for arm in names}  # (seeds, points)
     lines = [provenance(), "",
-             f"Preset {cfg.preset}, compute dtype {' and '.join(sorted(dtypes))}: validation "
-             f"{avg} on {n_val} held-out problems every {cfg.val_every} steps ({per_point} "
-             f"samples a point); {len(seeds)} seeds ({', '.join(map(str, seeds))}); mean over "
-             "seeds (sd over seeds), in %; peak: the best point after step 0; noise: one "
-             "point's sampling noise at the final's mean, sqrt(p (1 - p) / samples).", "",
+             curves_prose(cfg, dtypes, n_val, f"{len(seeds)} seeds ({', '.join(map(str, seeds))})"),
+             "",
              "| arm | " + " | ".join(f"step {s}" for s in steps)
              + " | peak | final | noise |", "|---" * (len(steps) + 4) + "|"]
     results = {"preset": cfg.preset, "seeds": seeds, "steps": steps.tolist(), "val_k": cfg.val_k,
                "provenance": lines[0], "arms": {}}
     for arm, (label, _, _) in names.items():
-        spread = acc[arm].std(0, ddof=1) if len(seeds) > 1 else 0 * acc[arm][0]
-        cells = [f"{100 * m:.1f} ({100 * sd:.1f})" for m, sd in zip(acc[arm].mean(0), spread)]
-        final = acc[arm][:, -1].mean()
-        lines.append(f"| {arm}: {label} | " + " | ".join(cells)
-                     + f" | {100 * acc[arm][:, 1:].max(1).mean():.1f} | {100 * final:.1f} "
-                     f"| ±{noise(final, per_point):.1f} |")
+        lines.append(curve_line(f"{arm}: {label}", acc[arm], per_point))
         results["arms"][arm] = {"acc": acc[arm].tolist()}
     gap = max(100 * abs(acc[a][i, 0] - acc[b][i, 0]) for i in range(len(seeds))
               for a in names for b in names)
@@ -516,33 +663,13 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
               f"over the family of {len(rows)} (family-wise 0.05); the word from the Holm "
               f"interval: a difference if it excludes 0, a null if it holds 0 inside "
               f"±{null_band:.1f}, else uninformative:", "",
-              "| contrast | measure | mean [raw 95 %] | p | Holm rank, level | Holm interval "
-              "| Holm p | word |", "|---" * 8 + "|"]
-    for r in rows:
-        lines.append(f"| {r['contrast']} | {r['measure']} | {points(r['mean'], *r['raw'])} | "
-                     f"{r['p']:.4f} | {r['rank']}, {r['level']:.4f} | "
-                     f"{points(r['mean'], *r['holm'])} | {r['p_holm']:.4f} | {r['word']} |")
+              *contrast_lines(rows)]
     # per kind: finals, noise, the contrasts' raw intervals (exploratory)
-    kinds = sorted(found[seeds[0], "A1"][3])
-    if kinds:
-        by_kind = {arm: {k: np.array([found[s, arm][3][k][-1] for s in seeds]) for k in kinds}
-                   for arm in names}
-        per_kind = per_point / len(kinds)
-        lines += ["", f"Final {avg} by kind (data_source), mean over seeds, % (± one point's "
-                  f"sampling noise, {per_kind:.0f} samples a kind):", "",
-                  "| arm | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
-        for arm in names:
-            means = [by_kind[arm][k].mean() for k in kinds]
-            cells = [f"{100 * m:.1f} (±{noise(m, per_kind):.1f})" for m in means]
-            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
-        lines += ["", "Per kind, the final's paired contrasts, raw 95 % t-intervals in points: "
-                  "exploratory (not in the family, no correction, no causal reading):", "",
-                  "| contrast | " + " | ".join(kinds) + " |", "|---" * (len(kinds) + 1) + "|"]
-        for a, b in study_family(with_a6):
-            cells = [interval(by_kind[a][k] - by_kind[b][k]) for k in kinds]
-            lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
-        results["kinds"] = {arm: {k: v.tolist() for k, v in d.items()}
-                            for arm, d in by_kind.items()}
+    kind_lines, by_kind = per_kind_finals(found, seeds, names, study_family(with_a6), per_point,
+                                          avg)
+    if by_kind:
+        lines += kind_lines
+        results["kinds"] = by_kind
     # the pools and the rescues
     replay_arms = [arm for arm in names if names[arm][2] == "phase2"]
     num_train = len(data.read_rows(cfg.train_file))
@@ -556,11 +683,8 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
         main = os.path.join(out, f"seed{s}")
         cells = [f"{len(data.read_jsonl(os.path.join(main, 'collect', 'pool.jsonl')))}"]
         for arm in replay_arms:
-            rows_ = [r for r in found[s, arm][2] if r["step"] > 0]
-            early = [r for r in rows_ if r["step"] <= 3]
-            pooled = sum(v["replays"] > 0 for r in early for v in r["visits"])
-            share = sum(r["rescued"] for r in early) / max(1, pooled)
-            cells.append(f"{sum(r['rescued'] for r in rows_)} ({100 * share:.0f} %)")
+            rescued, share = rescues(found[s, arm][2])
+            cells.append(f"{rescued} ({100 * share:.0f} %)")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     # the mechanism
     mech = mechanism(found, seeds, cfg.n)
@@ -624,10 +748,7 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
             charged = costs[s][arm]["before"] + costs[s][arm]["collection"]
             cells.append(f"{charged + own:,} ({hits[0]})")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    table = "\n".join(lines)
-    open(os.path.join(out, "table.md"), "w").write(table + "\n")
-    json.dump(results, open(os.path.join(out, "results.json"), "w"), indent=1, default=float)
-    print(table)
+    write_report(out, lines, results)
     plot(out, steps, results, names)
     return results
 
@@ -641,26 +762,11 @@ def plot(out: str, steps, results: dict, names: dict):
         import matplotlib.pyplot as plt
     except ImportError:
         return print("no plot: matplotlib is not installed")
-    avg = f"avg@{results['val_k']}"
     rows = results["contrasts"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 2),
                                       layout="constrained", width_ratios=[3, 2])
-    ys = np.arange(len(rows))[::-1]
-    left.axvspan(-null_band, null_band, color="C7", alpha=0.15, lw=0,
-                 label=f"null band ±{null_band:.0f}")
-    left.axvline(0, color="k", lw=1)
-    for y, r in zip(ys, rows):
-        color = "C3" if r["rejected"] else "C0"
-        left.plot(r["holm"], [y, y], color=color, lw=1.5)
-        left.plot(r["raw"], [y, y], color=color, lw=5, alpha=0.6, solid_capstyle="butt")
-        left.plot([r["mean"]], [y], "o", color="k", ms=4)
-    left.set_yticks(ys, [f"{r['contrast']}, {r['measure']}" for r in rows])
-    left.plot([], [], color="C0", lw=5, alpha=0.6, label="raw 95 % t-interval")
-    left.plot([], [], color="C0", lw=1.5, label="Holm-adjusted interval")
-    left.plot([], [], color="C3", lw=1.5, label="Holm: excludes 0")
-    left.set(xlabel=f"difference in {avg} points",
-             title=f"{results['preset']}: paired contrasts over {len(results['seeds'])} seeds")
-    left.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4)
+    forest_panel(left, rows, f"avg@{results['val_k']}",
+                 f"{results['preset']}: paired contrasts over {len(results['seeds'])} seeds")
     mech = results["mechanism"]
     shown = [(k, v) for k, v in mech.items() if "mean" in v]
     ys = np.arange(len(shown))[::-1]
@@ -680,36 +786,434 @@ def plot(out: str, steps, results: dict, names: dict):
     path = os.path.join(out, "forest.png")
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    curves_figure(out, steps, results, names, f"mean over {len(results['seeds'])} seeds")
+    print(f"plots: {path} (main), {os.path.join(out, 'curves.png')}")
+
+
+def forest_panel(ax, rows: list, avg: str, title: str):
+    """contrasts_table's rows on one axis: raw 95 % (thick) and Holm (thin) intervals, red where
+    Holm rejects, the mean, zero and the null band."""
+    ys = np.arange(len(rows))[::-1]
+    ax.axvspan(-null_band, null_band, color="C7", alpha=0.15, lw=0,
+               label=f"null band ±{null_band:.0f}")
+    ax.axvline(0, color="k", lw=1)
+    for y, r in zip(ys, rows):
+        color = "C3" if r["rejected"] else "C0"
+        ax.plot(r["holm"], [y, y], color=color, lw=1.5)
+        ax.plot(r["raw"], [y, y], color=color, lw=5, alpha=0.6, solid_capstyle="butt")
+        ax.plot([r["mean"]], [y], "o", color="k", ms=4)
+    ax.set_yticks(ys, [f"{r['contrast']}, {r['measure']}" for r in rows])
+    ax.plot([], [], color="C0", lw=5, alpha=0.6, label="raw 95 % t-interval")
+    ax.plot([], [], color="C0", lw=1.5, label="Holm-adjusted interval")
+    ax.plot([], [], color="C3", lw=1.5, label="Holm: excludes 0")
+    ax.set(xlabel=f"difference in {avg} points", title=title)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4)
+
+
+def curves_figure(out: str, steps, results: dict, names: dict, over: str):
+    """curves.png: each arm's validation accuracy by training step, its mean over seeds."""
+    import matplotlib.pyplot as plt
+    avg = f"avg@{results['val_k']}"
     fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
     for i, (arm, (label, _, _)) in enumerate(names.items()):
         mean = 100 * np.array(results["arms"][arm]["acc"]).mean(0)
-        style = "--" if arm in ("A1", "A2") else "-"
+        style = "--" if arm in ("A1", "A2", "A7") else "-"
         ax.plot(steps, mean, style, marker=".", color=f"C{i}", label=f"{arm}: {label}")
     ax.set_xticks(steps)
     ax.set(xlabel="training step", ylabel=f"{avg} (%)",
-           title=f"{results['preset']}: mean over {len(results['seeds'])} seeds "
-                 "(the contrasts: forest.png)")
+           title=f"{results['preset']}: {over} (the contrasts: forest.png)")
     ax.legend(fontsize=8)
     fig.savefig(os.path.join(out, "curves.png"), dpi=120)
     plt.close(fig)
-    print(f"plots: {path} (main), {os.path.join(out, 'curves.png')}")
+
+
+# -----------------------------------------------------------------------------------------
+# The dynamic-sampling study (--study dynamic, docs/study-plan-dynamic.md): compute on the
+# x-axis, the metering, the seed-1 check, the plan's time against the runs'
+
+def compute_axis(rows: list, val_steps, n: int, charge: int) -> np.ndarray:
+    """At each validation step s, the responses generated from π_θ0 up to s: the charge (phase
+    one to the collection and the collection, for an arm on the pool) and the arm's own
+    generation in steps 1..s."""
+    own = {r["step"]: generated(r, n) for r in rows if r["step"] > 0}
+    return np.array([charge + sum(v for step, v in own.items() if step <= s) for s in val_steps])
+
+
+def equal_compute(xa, ya, xb, yb) -> dict:
+    """a - b in points at x* = the smaller of the two curves' last x, each curve linear in x
+    between its points; None where the curves do not overlap (x* before one of them starts)."""
+    x_star = min(xa[-1], xb[-1])
+    if x_star < max(xa[0], xb[0]):
+        return None
+    diff = np.interp(x_star, xa, ya) - np.interp(x_star, xb, yb)
+    return {"x": float(x_star), "diff": 100 * float(diff)}
+
+
+def span(values) -> str:
+    """'4,480' or '4,480-4,608': the range of some response counts."""
+    low, high = min(values), max(values)
+    return f"{low:,.0f}" if low == high else f"{low:,.0f}-{high:,.0f}"
+
+
+def equal_compute_table(xs: dict, acc: dict, pairs: list, seeds: list) -> list[dict]:
+    """Per pair, over the seeds whose curves overlap: the differences at equal generated
+    responses, their mean and raw 95 % t-interval (no correction); where no seed's overlap, the
+    sentence that says where the curves lie. xs, acc: (seed, arm) -> x, accuracy."""
+    rows = []
+    for a, b in pairs:
+        found = {s: equal_compute(xs[s, a], acc[s, a], xs[s, b], acc[s, b]) for s in seeds}
+        found = {s: f for s, f in found.items() if f is not None}
+        row = {"contrast": f"{a} - {b}", "seeds": list(found),
+               "values": [f["diff"] for f in found.values()],
+               "x": [f["x"] for f in found.values()]}
+        if len(found) > 1:
+            row["mean"], *row["raw"] = t95_bounds(row["values"])
+        elif found:
+            row.update(mean=row["values"][0], raw=[float("nan")] * 2)
+        else:
+            late, early = (a, b) if np.mean([xs[s, a][0] for s in seeds]) > np.mean(
+                [xs[s, b][0] for s in seeds]) else (b, a)
+            row["apart"] = (f"{late}'s curve starts at {span([xs[s, late][0] for s in seeds])} "
+                            f"responses, after {early}'s ends at "
+                            f"{span([xs[s, early][-1] for s in seeds])}")
+        rows.append(row)
+    return rows
+
+
+def metering(rows: list, n: int, charge: int) -> dict:
+    """A run's generation over its training steps: responses (with the charge), rounds,
+    prompts generated, groups kept, steps capped; a run before dynamic sampling had one round
+    a step and kept every visit."""
+    rows = [r for r in rows if r["step"] > 0]
+    return {"responses": charge + sum(generated(r, n) for r in rows),
+            "rounds": sum(r.get("gen_rounds", 1) for r in rows),
+            "prompts": sum(r.get("gen_prompts", len(r["visits"])) for r in rows),
+            "kept": sum(r.get("kept_groups", len(r["visits"])) for r in rows),
+            "capped": sum(bool(r.get("gen_capped", False)) for r in rows)}
+
+
+def seed1_check(pool_size: int, measured: dict, reference: dict = offpolicy_seed1) -> str:
+    """The seed-1 reproduction: 'reproduces to the digit', or each value that differs.
+    measured: arm -> (rescued, share as rescues() gives it)."""
+    found = {"pool": pool_size,
+             **{arm: (rescued, int(f"{100 * share:.0f}")) for arm, (rescued, share)
+                in measured.items()}}
+    differ = []
+    if found["pool"] != reference["pool"]:
+        differ.append(f"pool {found['pool']} prompts, published {reference['pool']}")
+    for arm in ("A3", "A5"):
+        (rescued, share), (ref_rescued, ref_share) = found[arm], reference[arm]
+        if rescued != ref_rescued:
+            differ.append(f"{arm} rescued {rescued}, published {ref_rescued}")
+        if share != ref_share:
+            differ.append(f"{arm}'s share {share} %, published {ref_share} %")
+    return "reproduces to the digit" if not differ else "differs: " + "; ".join(differ)
+
+
+def run_started(folder: str) -> tuple:
+    """(UTC time, how it is known) of a run's first start: study_replay.py's line in its log;
+    else the earliest modification time of its config.json and metrics.jsonl files, a time of
+    their last write, so later than the start (rlep.py writes no time)."""
+    log = folder + ".log"
+    if os.path.isfile(log):
+        for line in open(log, errors="replace"):
+            if line.startswith(started_mark):
+                return line[len(started_mark):].strip(), "logged"
+    paths = [os.path.join(folder, "config.json"), *glob.glob(os.path.join(folder, "*",
+                                                                          "metrics.jsonl"))]
+    times = [os.path.getmtime(p) for p in paths if os.path.isfile(p)]
+    return (utc(min(times)), "file mtime (last write)") if times else ("-", "not started")
+
+
+def plan_times(plan: str) -> tuple:
+    """The UTC times of the plan's first and newest commits, ('', '') if it has none."""
+    done = subprocess.run(["git", "log", "--format=%ct", "--", plan], cwd=repo,
+                          capture_output=True, text=True)
+    stamps = done.stdout.split() if done.returncode == 0 else []
+    return (utc(int(stamps[-1])), utc(int(stamps[0]))) if stamps else ("", "")
+
+
+def came_after(when: str, how: str, committed: str) -> str:
+    """Whether a run started after a commit: a logged start says; a last write after the commit
+    does not."""
+    if not committed or how == "not started":
+        return "-"
+    if when <= committed:
+        return "NO"
+    return "yes" if how == "logged" else "not shown (a last write)"
+
+
+def load_dynamic(out: str, seeds: list, family_seeds: list, horizon: int) -> dict:
+    """(seed, arm) -> curve(...) of each run of --study dynamic that trained to the horizon."""
+    found = {}
+    for seed in seeds:
+        for arm, (_, suffix, part) in dynamic_arms.items():
+            if arm in ("A7", "A8") and seed not in family_seeds:
+                continue
+            folder = os.path.join(out, f"seed{seed}{suffix}")
+            if os.path.isfile(os.path.join(folder, part, "metrics.jsonl")):
+                got = curve(folder, part, horizon)
+                if got[2] and got[2][-1]["step"] == horizon and len(got[0]):
+                    found[seed, arm] = got
+    return found
+
+
+def mean_range(values) -> str:
+    """'mean (min-max)' of some counts."""
+    return f"{np.mean(values):,.1f} ({span(values)})"
+
+
+def report_dynamic(out: str, seeds: list, family_seeds: list, cfg) -> dict:
+    """--study dynamic's table.md, results.json, forest.png, curves.png and compute.png
+    (docs/study-plan-dynamic.md)."""
+    horizon = cfg.phase2_steps
+    found = load_dynamic(out, seeds, family_seeds, horizon)
+    family_at = [s for s in seeds if s in family_seeds
+                 and all((s, arm) in found for arm in family_arms)]
+    both = [s for s in seeds if (s, "A3") in found and (s, "A5") in found]
+    if not family_at and not both:
+        raise SystemExit(f"{out}: no seed has A1, A3, A7 and A8, nor A3 and A5, to the horizon")
+    steps = found[(family_at or both)[0], "A3"][0]
+    n_val = len(data.read_rows(cfg.val_file))
+    per_point = n_val * cfg.val_k
+    avg = f"avg@{cfg.val_k}"
+    dtypes = {str(run_dtype(os.path.join(out, f"seed{s}{dynamic_arms[arm][1]}")))
+              for s, arm in found}
+    names = {arm: dynamic_arms[arm] for arm in dynamic_arms if any(a == arm for _, a in found)}
+    said = (f"the family's seeds (A1, A3, A7 and A8 each trained to step {horizon}): "
+            f"{', '.join(map(str, family_at)) or 'none'}; A3 and A5's: "
+            f"{', '.join(map(str, both)) or 'none'}")
+    lines = [provenance(dynamic_plan), "", curves_prose(cfg, dtypes, n_val, said), "",
+             "| arm | seeds | " + " | ".join(f"step {s}" for s in steps)
+             + " | peak | final | noise |", "|---" * (len(steps) + 5) + "|"]
+    results = {"study": "dynamic", "preset": cfg.preset, "seeds": seeds,
+               "family_seeds": family_at, "a3_a5_seeds": both, "steps": steps.tolist(),
+               "val_k": cfg.val_k, "provenance": lines[0], "arms": {}}
+    # the curves: every arm over the family's seeds; A1, A3 and A5 also over all their seeds
+    acc = {key: c[1] for key, c in found.items()}
+    for arm, (label, _, _) in names.items():
+        mine = [s for s in seeds if (s, arm) in found]
+        groups = [("family", family_at)] if family_at and set(family_at) <= set(mine) else []
+        if mine != family_at:
+            groups.append(("all", mine))
+        for which, group in groups:
+            table = np.array([acc[s, arm] for s in group])
+            row = curve_line(f"{arm}: {label}", table, per_point)
+            lines.append(row.replace(" | ", f" | {len(group)} ({which}) | ", 1))
+        if groups[0][0] == "family":
+            results["arms"][arm] = {"acc": [acc[s, arm].tolist() for s in family_at]}
+    gap = max(100 * abs(acc[s, a][0] - acc[s, b][0]) for s, a in found for b in names
+              if (s, b) in found)
+    lines += ["", f"Step 0 is the base model in every arm: the largest step-0 gap between two "
+              f"arms of one seed is {gap:.1f} points."]
+    # the family
+    if family_at:
+        by_arm = {arm: np.array([acc[s, arm] for s in family_at]) for arm in family_arms}
+        rows = contrasts_table(by_arm, dynamic_family)
+        results["contrasts"] = rows
+        lines += ["", f"The family: paired contrasts (same seed, same validation seeds) over the "
+                  f"{len(family_at)} seeds, mean in points; raw 95 % t-interval; Holm: the "
+                  f"interval at the contrast's Holm level over the family of {len(rows)} "
+                  f"(family-wise {alpha}); the word from the Holm interval: a difference if it "
+                  f"excludes 0, a null if it holds 0 inside ±{null_band:.1f}, else "
+                  "uninformative:", "", *contrast_lines(rows)]
+    # A3 - A5 on every seed, and seed 1 against the off-policy study
+    if both:
+        rows = contrasts_table({arm: np.array([acc[s, arm] for s in both])
+                                for arm in ("A3", "A5")}, [("A3", "A5")])
+        results["a3_a5"] = rows
+        lines += ["", f"A3 - A5 over the {len(both)} seeds with both (its own Holm over the "
+                  f"{len(rows)}, peak and final; worded by the same rule):", "",
+                  *contrast_lines(rows)]
+    lines += seed1_lines(out, found, cfg, results) if 1 in both else [
+        "", "Seed 1 against the off-policy study: seed 1 has no A3 and A5 here."]
+    if family_at:
+        lines += dynamic_family_sections(out, found, family_at, cfg, names, per_point, avg,
+                                         results)
+    lines += start_lines(out, seeds, family_seeds, names, results)
+    write_report(out, lines, results)
+    plot_dynamic(out, steps, results, names)
+    return results
+
+
+def seed1_lines(out: str, found: dict, cfg, results: dict) -> list[str]:
+    """Seed 1's pool and rescues beside the off-policy study's published ones, and the check
+    (on cpu-hard, the preset they are of)."""
+    horizon = cfg.phase2_steps
+    pool = os.path.join(out, "seed1", "collect", "pool.jsonl")
+    measured = {arm: rescues(found[1, arm][2]) for arm in ("A3", "A5")}
+    pool_size = len(data.read_jsonl(pool))
+    check = seed1_check(pool_size, measured) if cfg.preset == "cpu-hard" else \
+        f"not checked: the published numbers are preset cpu-hard's, these {cfg.preset}'s"
+    results["seed1"] = {"pool": pool_size, **{a: [r, 100 * f] for a, (r, f) in
+                                               measured.items()}, "check": check}
+    ref = offpolicy_seed1
+    return ["", "Seed 1 against the off-policy study's published numbers (docs/studies.md, "
+            "\"Pools and rescues\", at 7c0a0e0): the pool's prompts, the rescued visits "
+            f"of steps 1-{horizon} (their share of the visits to pooled prompts in steps "
+            "1-3):", "",
+            "| seed 1 | pool | A3 | A5 |", "|---|---|---|---|",
+            f"| here | {pool_size} | "
+            + " | ".join(f"{r} ({100 * f:.0f} %)" for r, f in measured.values()) + " |",
+            f"| published | {ref['pool']} | {ref['A3'][0]} ({ref['A3'][1]} %) | "
+            f"{ref['A5'][0]} ({ref['A5'][1]} %) |", "", f"Seed 1: {check}."]
+
+
+def dynamic_family_sections(out: str, found: dict, family_at: list, cfg, names: dict,
+                            per_point: int, avg: str, results: dict) -> list[str]:
+    """The family's per-kind finals, the curves at equal generated responses and the
+    metering, over the family's seeds."""
+    fam_names = {arm: names[arm] for arm in family_arms}
+    lines, by_kind = per_kind_finals(found, family_at, fam_names, dynamic_family, per_point,
+                                     avg)
+    results["kinds"] = by_kind
+    # compute: responses generated from π_θ0 up to each validation step
+    xs, meters = {}, collections.defaultdict(list)
+    arms_here = [arm for arm in names if all((s, arm) in found for s in family_at)]
+    for s in family_at:
+        costs = arm_costs(out, s, found, cfg, arms_here, pooled=on_pool)
+        for arm in arms_here:
+            charge = costs[arm]["before"] + costs[arm]["collection"]
+            xs[s, arm] = compute_axis(found[s, arm][2], found[s, arm][0], cfg.n, charge)
+            meters[arm].append(metering(found[s, arm][2], cfg.n, charge))
+    acc = {(s, arm): found[s, arm][1] for s, arm in xs}
+    rows = equal_compute_table(xs, acc, dynamic_family, family_at)
+    results["x"] = {arm: [xs[s, arm].tolist() for s in family_at] for arm in arms_here}
+    results["equal_compute"] = rows
+    lines += ["", f"At equal generated responses, raw, uncorrected (not in the family): x is "
+              "the responses generated from π_θ0 up to a validation step (an arm on the pool is "
+              f"charged phase one up to step {cfg.collect_step} and the collection, K = "
+              f"{cfg.collect_k} a prompt tried); per seed, x* = the smaller of the two curves' "
+              "last x, each curve linear in x between its points, a - b at x* in points, where "
+              "the curves overlap; mean and raw 95 % t-interval over those seeds:", "",
+              "| contrast | seeds that overlap | x* (responses) | mean [raw 95 %] |",
+              "|---|---|---|---|"]
+    for r in rows:
+        if "apart" in r:
+            lines.append(f"| {r['contrast']} | none | - | no overlap: {r['apart']} |")
+            continue
+        shown = points(r["mean"], *r["raw"]) if len(r["values"]) > 1 else \
+            f"{r['mean']:+.1f} (one seed: no interval)"
+        lines.append(f"| {r['contrast']} | {len(r['seeds'])} of {len(family_at)} | "
+                     f"{span(r['x'])} | {shown} |")
+    results["metering"] = dict(meters)
+    lines += ["", f"Metering over the family's {len(family_at)} seeds, mean (min-max) over "
+              f"seeds, of the {cfg.phase2_steps} training steps: generated responses in total "
+              "(with the charges above), generation rounds, prompts generated, groups kept, "
+              "steps capped at --max_gen_rounds (a run without dynamic sampling: one round a "
+              "step, every group kept):", "",
+              "| arm | responses, charged | rounds | prompts generated | groups kept | "
+              "steps capped |", "|---" * 6 + "|"]
+    for arm in arms_here:
+        cells = [mean_range([m[k] for m in meters[arm]])
+                 for k in ("responses", "rounds", "prompts", "kept", "capped")]
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def start_lines(out: str, seeds: list, family_seeds: list, names: dict,
+                results: dict) -> list[str]:
+    """Each arm's first run's start against the plan's commit: the plan must come first."""
+    first, newest = plan_times(dynamic_plan)
+    committed = f"first at {first}, last at {newest}" if first else "never (uncommitted)"
+    lines = ["", f"The plan's commits against each arm's first run: {dynamic_plan} committed "
+             f"{committed}; a run's start as study_replay.py logged it (the first line of "
+             "FOLDER.log), else, for a run started otherwise, the earliest modification time of "
+             "its config.json and metrics.jsonl (a last write: rlep.py writes no time, so that "
+             "time is later than the start and cannot show the plan came first):", "",
+             "| arm | first run | started (UTC) | from | after the plan's first commit | "
+             "after its last |", "|---" * 6 + "|"]
+    results["starts"] = {}
+    for arm, (_, suffix, _) in names.items():
+        own = [s for s in seeds if arm not in ("A7", "A8") or s in family_seeds]
+        starts = sorted((run_started(os.path.join(out, f"seed{s}{suffix}")), s) for s in own)
+        started = [(t, s) for t, s in starts if t[1] != "not started"]
+        if not started:
+            continue
+        (when, how), seed = started[0]
+        results["starts"][arm] = {"folder": f"seed{seed}{suffix}", "time": when, "from": how}
+        lines.append(f"| {arm} | seed{seed}{suffix} | {when} | {how} | "
+                     f"{came_after(when, how, first)} | {came_after(when, how, newest)} |")
+    return lines
+
+
+def plot_dynamic(out: str, steps, results: dict, names: dict):
+    """forest.png (the family's 6 contrasts and A3 - A5's 2), curves.png and compute.png
+    (accuracy against the responses generated from π_θ0)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return print("no plot: matplotlib is not installed")
+    avg = f"avg@{results['val_k']}"
+    family_rows, a3_a5 = results.get("contrasts", []), results.get("a3_a5", [])
+    rows = family_rows + a3_a5
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(rows) + 2), layout="constrained")
+    forest_panel(ax, rows, avg, f"{results['preset']}: the family over "
+                 f"{len(results['family_seeds'])} seeds (Holm over {len(family_rows)}); "
+                 f"A3 - A5 over {len(results['a3_a5_seeds'])} (Holm over {len(a3_a5)})")
+    if family_rows and a3_a5:
+        ax.axhline(len(a3_a5) - 0.5, color="k", lw=0.8, ls=":")
+    fig.savefig(os.path.join(out, "forest.png"), dpi=120)
+    plt.close(fig)
+    if not results["family_seeds"]:
+        return print(f"plots: {os.path.join(out, 'forest.png')}")
+    curves_figure(out, steps, results, {a: names[a] for a in names if a in results["arms"]},
+                  f"mean over the family's {len(results['family_seeds'])} seeds")
+    fig, (mean_ax, seed_ax) = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained",
+                                           sharey=True)
+    for i, (arm, (label, _, _)) in enumerate(names.items()):
+        if arm not in results.get("x", {}):
+            continue
+        x, y = np.array(results["x"][arm]), 100 * np.array(results["arms"][arm]["acc"])
+        style = "--" if arm in ("A1", "A7") else "-"
+        mean_ax.plot(x.mean(0), y.mean(0), style, marker="o", ms=4, color=f"C{i}",
+                     label=f"{arm}: {label}")
+        for xs, ys in zip(x, y):
+            seed_ax.plot(xs, ys, style, marker=".", ms=3, lw=0.7, alpha=0.6, color=f"C{i}")
+    mean_ax.set(xlabel="responses generated from π_θ0 (mean over seeds at each step)",
+                ylabel=f"{avg} (%)", title=f"{results['preset']}: mean over the family's "
+                f"{len(results['family_seeds'])} seeds, a marker a validation step")
+    seed_ax.set(xlabel="responses generated from π_θ0", title="each seed")
+    mean_ax.legend(fontsize=8)
+    fig.savefig(os.path.join(out, "compute.png"), dpi=120)
+    plt.close(fig)
+    print(f"plots: {os.path.join(out, 'forest.png')} (main), compute.png, curves.png in {out}")
 
 
 def drop_checkpoints(out: str, seed: int):
     """A finished seed's step_NNNNNN folders (its metrics, pools and logs stay)."""
-    for folder in glob.glob(os.path.join(out, f"seed{seed}*", "phase*", "step_*")):
+    # seedS and seedS-*, not seed(S)0 (with 16 seeds, seed1's would match seed10-seed16)
+    steps = [glob.glob(os.path.join(out, f"seed{seed}{more}", "phase*", "step_*"))
+             for more in ("", "-*")]
+    for folder in steps[0] + steps[1]:
         if not os.path.islink(os.path.dirname(folder)):
             shutil.rmtree(folder)
 
 
+def seed_runs(args, out: str, seed: int, settings: list, cfg) -> list:
+    """The seed's runs of the study asked for (runs_of, dynamic_runs_of)."""
+    if args.study == "dynamic":
+        return dynamic_runs_of(out, seed, settings, seed in args.family_seeds)
+    return runs_of(out, seed, settings, cfg, args.with_a6)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--study", default="offpolicy", choices=["offpolicy", "dynamic"],
+                        help="offpolicy: A1-A5 (docs/study-plan.md); dynamic: A1, A3, A5, and "
+                             "A7, A8 with dynamic sampling (docs/study-plan-dynamic.md)")
+    parser.add_argument("--family_seeds", type=int, nargs="+", default=list(range(1, 9)),
+                        help="--study dynamic: the seeds that also run A7 and A8, the family's")
     parser.add_argument("--preset", default="cpu-hard", choices=["cpu", "cpu-hard", "tiny"],
                         help="tiny: a smoke run of the study in minutes")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(1, 9)))
     parser.add_argument("--val_k", type=int, default=8)
     parser.add_argument("--val_every", type=int, default=2)
-    parser.add_argument("--out_dir", default=None, help="default: runs/study-PRESET")
+    parser.add_argument("--out_dir", default=None,
+                        help="default: runs/study-PRESET (--study dynamic: "
+                             "runs/study-dynamic-PRESET)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="one compute dtype for every run (auto: measured once, here); "
                              "the plan pins bfloat16")
@@ -717,7 +1221,11 @@ def main():
                         help="also A6, the pool at T = 1.0 (dropped by the plan)")
     parser.add_argument("--report_only", action="store_true")
     args = parser.parse_args()
-    out = args.out_dir or os.path.join("runs", f"study-{args.preset}")
+    dynamic = args.study == "dynamic"
+    name = f"study-dynamic-{args.preset}" if dynamic else f"study-{args.preset}"
+    out = args.out_dir or os.path.join("runs", name)
+    if dynamic and not args.report_only and not hasattr(rlep.Config, "dynamic_sampling"):
+        raise SystemExit("--study dynamic: this rlep.py has no --dynamic_sampling")
     os.makedirs(out, exist_ok=True)
     settings = ["--preset", args.preset, "--val_k", str(args.val_k),
                 "--val_every", str(args.val_every)]
@@ -737,19 +1245,24 @@ def main():
         settings += ["--dtype", choice.dtype]
         cfg = rlep.parse_config(settings)
         for seed in args.seeds:
-            set_aside_stale(runs_of(out, seed, settings, cfg, args.with_a6), choice.dtype, cfg)
-        expected = expected_seconds(out, args.seeds, settings, cfg, args.with_a6)
+            set_aside_stale(seed_runs(args, out, seed, settings, cfg), choice.dtype, cfg,
+                            dynamic)
+        expected = expected_seconds(out, {s: seed_runs(args, out, s, settings, cfg)
+                                          for s in args.seeds}, cfg.preset)
         hours = f" ({expected / 3600:.1f} h)" if expected >= 3600 else ""
         print(f"study {args.preset}, seeds {args.seeds}: expected {expected / 60:.0f} min{hours} "
               "more (finished runs' times, else the project machine's solo)", flush=True)
         for seed in args.seeds:
-            runs = runs_of(out, seed, [*settings, "--seed", str(seed)], cfg, args.with_a6)
+            runs = seed_runs(args, out, seed, [*settings, "--seed", str(seed)], cfg)
             for folder, flags in runs:
                 if not finished(folder):
                     run(folder, flags, runs[0][0])
             drop_checkpoints(out, seed)
             print(f"seed {seed} done after {(time.time() - start) / 60:.0f} min", flush=True)
-    report(out, args.seeds, cfg, args.with_a6)
+    if dynamic:
+        report_dynamic(out, args.seeds, args.family_seeds, cfg)
+    else:
+        report(out, args.seeds, cfg, args.with_a6)
     print(f"study time {time.time() - start:.0f} s")
 
 

@@ -3,6 +3,7 @@ t quantiles without scipy, Holm's step-down and its intervals, the words of an i
 mechanism on matched prompts and the compute charges, from metrics.jsonl files written here.
 No model, a few seconds.
 Run: python -m pytest -q tests/test_study.py"""
+import dataclasses
 import json
 import math
 import os
@@ -98,13 +99,14 @@ def visit(prompt, fresh_correct, replays=0):
             "rescued": replays > 0 and fresh_correct == 0}
 
 
-def write_part(folder, part, visits_by_step, acc, kinds=None):
-    """A part's metrics.jsonl: step 0 and every other step validated (acc: step -> val_acc)."""
+def write_part(folder, part, visits_by_step, acc, kinds=None, extra=None):
+    """A part's metrics.jsonl: step 0 and every other step validated (acc: step -> val_acc);
+    extra: step -> more fields of its row."""
     os.makedirs(os.path.join(folder, part), exist_ok=True)
     rows = [{"step": 0, "val_acc": acc[0], **(kinds or {})}]
     for step, visits in visits_by_step.items():
         row = {"step": step, "visits": visits, "rescued": sum(v["rescued"] for v in visits),
-               "response_len": 10.0}
+               "response_len": 10.0, **(extra or {}).get(step, {})}
         if step in acc:
             row.update(val_acc=acc[step], **(kinds or {}))
         rows.append(row)
@@ -152,6 +154,17 @@ def test_matched_next_visits_by_hand():
     assert comparator["not rescued"] == pytest.approx([4 / 8])
 
 
+def write_collection(main, tried):
+    """A main run's collect/: a pool of p1-p3, and `tried` prompts tried (100 tokens each)."""
+    os.makedirs(os.path.join(main, "collect"))
+    with open(os.path.join(main, "collect", "pool.jsonl"), "w") as f:
+        f.writelines(json.dumps({"id": p, "responses": ["1", "2"]}) + "\n"
+                     for p in ("p1", "p2", "p3"))
+    with open(os.path.join(main, "collect", "progress.jsonl"), "w") as f:
+        f.writelines(json.dumps({"id": f"q{i}", "successes": [], "tokens": 100}) + "\n"
+                     for i in range(tried))
+
+
 def test_the_report_on_synthetic_runs(tmp_path):
     """Two seeds of the five arms as metrics folders: the report's mechanism, compute and
     contrasts against the hand computation; its table and both figures are written."""
@@ -166,13 +179,7 @@ def test_the_report_on_synthetic_runs(tmp_path):
             visits = {"A2": a2, "A3": a3, "A5": a3}.get(arm, a2)
             acc = {0: 0.1, 2: level[arm] - 0.02, 4: level[arm] + bump}
             write_part(main + suffix, part, visits, acc, kinds)
-        os.makedirs(os.path.join(main, "collect"))
-        with open(os.path.join(main, "collect", "pool.jsonl"), "w") as f:
-            f.writelines(json.dumps({"id": p, "responses": ["1", "2"]}) + "\n"
-                         for p in ("p1", "p2", "p3"))
-        with open(os.path.join(main, "collect", "progress.jsonl"), "w") as f:
-            f.writelines(json.dumps({"id": f"q{i}", "successes": [], "tokens": 100}) + "\n"
-                         for i in range(5))
+        write_collection(main, tried=5)
     results = study.report(out, [1, 2], cfg)
     mech = results["mechanism"]["A3 - A2"]
     assert mech["values"] == pytest.approx([25.0, -12.5]) and mech["mean"] == pytest.approx(6.25)
@@ -216,3 +223,282 @@ def test_a_run_in_another_regime_is_stale(tmp_path):
     assert study.stale_reason(str(folder), "bfloat16", cfg) == \
         "another regime (mini_batch_prompts)"
     assert study.stale_reason(str(tmp_path / "none"), "bfloat16", cfg) == ""
+
+
+# --study dynamic (docs/study-plan-dynamic.md) ---------------------------------------------
+
+def test_the_dynamic_study_runs_its_arms_in_order():
+    settings = ["--preset", "cpu-hard"]
+    cfg = study.rlep.parse_config(settings)
+    runs = study.dynamic_runs_of("out", 3, settings, family_seed=True)
+    pool = os.path.join("out", "seed3", "collect", "pool.jsonl")
+    assert [folder for folder, _ in runs] == ["out/seed3", "out/seed3-A5", "out/seed3-A7",
+                                              "out/seed3-A8"]
+    assert runs[2][1] == settings + ["--phase", "1", "--dynamic_sampling"]
+    assert runs[3][1] == settings + ["--phase", "2", "--pool", pool, "--dynamic_sampling"]
+    # A5 is the off-policy study's A5, flag for flag
+    assert runs[1] == study.runs_of("out", 3, settings, cfg)[3]
+    assert len(study.dynamic_runs_of("out", 9, settings, family_seed=False)) == 2
+
+
+def test_dynamic_sampling_makes_a_run_stale_where_the_arm_asks_otherwise(tmp_path):
+    cfg = study.rlep.parse_config(["--preset", "cpu-hard"])
+    config = {**{k: getattr(cfg, k) for k in study.regime_keys}, "dtype": "bfloat16"}
+    rounds = getattr(cfg, "max_gen_rounds", None)
+
+    def reason(saved, dynamic):
+        (tmp_path / "config.json").write_text(json.dumps({**config, **saved}))
+        return study.stale_reason(str(tmp_path), "bfloat16", cfg, dynamic)
+    # a run made before the flag had none: it serves an arm without it, not one with it
+    assert reason({}, False) == "" and reason({}, None) == ""
+    assert reason({}, True).startswith("another regime (dynamic_sampling")
+    assert reason({"dynamic_sampling": True, "max_gen_rounds": rounds}, True) == ""
+    assert reason({"dynamic_sampling": True, "max_gen_rounds": rounds}, False) == \
+        "another regime (dynamic_sampling)"
+    assert reason({"dynamic_sampling": True, "max_gen_rounds": 99}, True) == \
+        "another regime (max_gen_rounds)"
+    # the off-policy study does not look
+    assert reason({"dynamic_sampling": True}, None) == ""
+
+
+def test_a_stale_main_run_takes_the_runs_on_its_pool_not_a7(tmp_path):
+    cfg = study.rlep.parse_config(["--preset", "cpu-hard"])
+    config = {**{k: getattr(cfg, k) for k in study.regime_keys}, "dtype": "bfloat16",
+              "max_gen_rounds": getattr(cfg, "max_gen_rounds", None)}
+    runs = study.dynamic_runs_of(str(tmp_path), 1, [], family_seed=True)
+    for folder, flags in runs:
+        os.makedirs(folder)
+        dynamic = "--dynamic_sampling" in flags
+        with open(os.path.join(folder, "config.json"), "w") as f:
+            json.dump({**config, "dynamic_sampling": dynamic,
+                       "dtype": "float32" if folder == runs[0][0] else "bfloat16"}, f)
+    study.set_aside_stale(runs, "bfloat16", cfg, dynamic=True)
+    assert sorted(os.listdir(tmp_path)) == ["seed1-A5.bfloat16", "seed1-A7",
+                                            "seed1-A8.bfloat16", "seed1.float32"]
+
+
+def test_equal_compute_by_hand():
+    # overlapping: a ends at 160, b at 80; x* = 80: a at its second point (x 80), b at its end
+    a = (np.array([0, 80, 160]), np.array([0.1, 0.22, 0.27]))
+    b = (np.array([0, 40, 80]), np.array([0.1, 0.20, 0.24]))
+    assert study.equal_compute(*a, *b) == {"x": 80, "diff": pytest.approx(22 - 24)}
+    # between points: a's x 0 -> 96 at 0.10 -> 0.21, at x* = 40: 0.1 + 0.11 x 40 / 96
+    a = (np.array([0, 96, 192]), np.array([0.1, 0.21, 0.25]))
+    b = (np.array([0, 24, 40]), np.array([0.1, 0.18, 0.20]))
+    assert study.equal_compute(*a, *b)["diff"] == pytest.approx(100 * (0.1 + 0.11 * 40 / 96 - 0.2))
+    assert study.equal_compute(*b, *a)["diff"] == pytest.approx(100 * (0.2 - 0.1 - 0.11 * 40 / 96))
+    # apart: a starts (4,480) after b ends (1,150)
+    a = (np.array([4480, 4544, 4608]), np.array([0.1, 0.2, 0.3]))
+    b = (np.array([0, 600, 1150]), np.array([0.1, 0.15, 0.2]))
+    assert study.equal_compute(*a, *b) is None and study.equal_compute(*b, *a) is None
+    xs = {(1, "A3"): a[0], (1, "A7"): b[0]}
+    acc = {(1, "A3"): a[1], (1, "A7"): b[1]}
+    row, = study.equal_compute_table(xs, acc, [("A3", "A7")], [1])
+    assert row["apart"] == "A3's curve starts at 4,480 responses, after A7's ends at 1,150"
+    row, = study.equal_compute_table(xs, acc, [("A7", "A3")], [1])
+    assert row["apart"].startswith("A3's curve starts at 4,480")
+
+
+def test_compute_charges_with_and_without_gen_responses():
+    old = [{"step": 0}, {"step": 1, "visits": [visit("p1", 0)] * 3, "response_len": 10.0},
+           {"step": 2, "visits": [visit("p1", 0, 2)] * 2, "response_len": 5.0}]
+    new = [{"step": 0}, {**old[1], "gen_responses": 40, "gen_rounds": 2, "gen_prompts": 5,
+                         "kept_groups": 3, "gen_capped": False},
+           {**old[2], "gen_responses": 64, "gen_rounds": 3, "gen_prompts": 8,
+            "kept_groups": 2, "gen_capped": True}]
+    # without: n = 8 a visit: 24 and 16
+    assert study.part_cost(old, 8, 2) == {"responses": 40, "tokens": 24 * 10 + 16 * 5,
+                                          "trained": 24 + 16 + 2 * 2}
+    assert list(study.compute_axis(old, [0, 1, 2], 8, 100)) == [100, 124, 140]
+    assert study.metering(old, 8, 100) == {"responses": 140, "rounds": 2, "prompts": 5,
+                                           "kept": 5, "capped": 0}
+    # with: what was generated, not what was kept; trained is still the kept visits'
+    assert study.part_cost(new, 8, 2) == {"responses": 104, "tokens": 40 * 10 + 64 * 5,
+                                          "trained": 24 + 16 + 2 * 2}
+    assert list(study.compute_axis(new, [0, 2], 8, 0)) == [0, 104]
+    assert study.metering(new, 8, 0) == {"responses": 104, "rounds": 5, "prompts": 13,
+                                         "kept": 5, "capped": 1}
+
+
+def test_the_dynamic_family_is_holm_over_six():
+    rng = np.random.default_rng(1)
+    acc = {arm: rng.normal(0.2, 0.02, (8, 4)) for arm in study.family_arms}
+    acc["A3"] += 0.03
+    rows = study.contrasts_table(acc, study.dynamic_family)
+    assert [(r["contrast"], r["measure"]) for r in rows] == [
+        (c, m) for c in ("A3 - A7", "A8 - A3", "A7 - A1") for m in ("peak", "final")]
+    # Holm by hand: sorted p, adjusted (6 - i) p_(i), running max, capped at 1
+    p = sorted(r["p"] for r in rows)
+    adjusted = np.minimum(1, np.maximum.accumulate([(6 - i) * q for i, q in enumerate(p)]))
+    assert sorted(r["p_holm"] for r in rows) == pytest.approx(list(adjusted))
+    first = min(rows, key=lambda r: r["p"])
+    assert first["rank"] == 1
+    if first["rejected"]:
+        assert first["level"] == pytest.approx(0.05 / 6)
+
+
+def test_the_seed1_check():
+    rows = [{"step": s, "visits": v, "rescued": sum(x["rescued"] for x in v)}
+            for s, v in a3_seed1.items()]
+    # a3_seed1: rescued (1, p1), (1, p3), (2, p4), (2, p5), (4, p5): 5; steps 1-3: 4 of the 8
+    # visits to pooled prompts
+    assert study.rescues(rows) == (5, 0.5)
+    assert study.seed1_check(38, {"A3": (18, 0.58), "A5": (15, 0.5)}) == \
+        "reproduces to the digit"
+    assert study.seed1_check(38, {"A3": (18, 0.5842), "A5": (15, 0.4951)}) == \
+        "reproduces to the digit"
+    assert study.seed1_check(38, {"A3": (18, 0.58), "A5": (14, 0.5)}) == \
+        "differs: A5 rescued 14, published 15"
+    assert study.seed1_check(3, {"A3": study.rescues(rows), "A5": (15, 0.47)}) == \
+        "differs: pool 3 prompts, published 38; A3 rescued 5, published 18; A3's share 50 %, " \
+        "published 58 %; A5's share 47 %, published 50 %"
+
+
+def test_a_runs_start_is_the_logged_one_else_a_files_mtime(tmp_path):
+    folder = tmp_path / "seed1"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    os.utime(folder / "config.json", (1e9, 1e9))
+    assert study.run_started(str(folder)) == ("2001-09-09T01:46:40Z", "file mtime (last write)")
+    (tmp_path / "seed1.log").write_text("rlep: preset\n" + study.started_mark
+                                        + "2026-12-01T10:00:00Z\n" + study.started_mark
+                                        + "2026-12-02T10:00:00Z\n")
+    assert study.run_started(str(folder)) == ("2026-12-01T10:00:00Z", "logged")
+    assert study.run_started(str(tmp_path / "none"))[1] == "not started"
+
+
+def test_the_dynamic_report_on_synthetic_runs(tmp_path):
+    """Seeds 1 and 2 with A1, A3, A5, A7, A8; seed 3 with A1, A3, A5 only: the family over 1
+    and 2, A3 - A5 over all three; curves in x, metering and the seed-1 check by hand."""
+    cfg = study.rlep.parse_config(["--preset", "tiny", "--val_k", "4", "--val_every", "2"])
+    out = str(tmp_path)
+    kinds = {"val_acc/x": 0.1, "val_acc/y": 0.3}
+    level = {1: {"A1": (.20, .24), "A3": (.26, .30), "A5": (.25, .28), "A7": (.22, .27),
+                 "A8": (.29, .33)},
+             2: {"A1": (.18, .20), "A3": (.24, .31), "A5": (.22, .27), "A7": (.21, .25),
+                 "A8": (.27, .35)},
+             3: {"A1": (.19, .22), "A3": (.25, .29), "A5": (.24, .27)}}
+    # A7: seed 1 generates 48, 32, 64, 16 responses (8 rounds, 20 prompts, step 3 capped);
+    # seed 2 48 a step (2 rounds and 6 prompts a step); A8: 40 a step
+    a7 = {1: {1: (48, 2, 6, False), 2: (32, 2, 4, False), 3: (64, 3, 8, True),
+              4: (16, 1, 2, False)},
+          2: {s: (48, 2, 6, False) for s in range(1, 5)}}
+    visits = {1: (a2_seed1, a3_seed1), 2: (a2_seed2, a3_seed2), 3: (a2_seed2, a3_seed2)}
+    for seed, arm_levels in level.items():
+        main = os.path.join(out, f"seed{seed}")
+        a2, a3 = visits[seed]
+        for arm, (at2, at4) in arm_levels.items():
+            _, suffix, part = study.dynamic_arms[arm]
+            extra = {}
+            if arm == "A7":
+                extra = {s: {"gen_responses": g, "gen_rounds": r, "gen_prompts": p,
+                             "kept_groups": len(a2[s]), "gen_capped": c}
+                         for s, (g, r, p, c) in a7[seed].items()}
+            if arm == "A8":
+                extra = {s: {"gen_responses": 40, "gen_rounds": 1, "gen_prompts": 5,
+                             "kept_groups": len(a3[s]), "gen_capped": False} for s in a3}
+            write_part(main + suffix, part, a3 if arm in ("A3", "A5", "A8") else a2,
+                       {0: 0.1, 2: at2, 4: at4}, kinds, extra)
+        write_collection(main, tried=10)
+    (tmp_path / "seed1.log").write_text(study.started_mark + "2020-01-05T09:00:00Z\n")
+    results = study.report_dynamic(out, [1, 2, 3], [1, 2, 3], cfg)
+    assert results["family_seeds"] == [1, 2] and results["a3_a5_seeds"] == [1, 2, 3]
+    # the family: A3 - A7's final 30 - 27 = 3 and 31 - 25 = 6; A8 - A3's peak 3 and 4
+    rows = {(r["contrast"], r["measure"]): r for r in results["contrasts"]}
+    assert len(rows) == 6
+    assert rows["A3 - A7", "final"]["values"] == pytest.approx([3.0, 6.0])
+    assert rows["A8 - A3", "peak"]["values"] == pytest.approx([3.0, 4.0])
+    assert rows["A7 - A1", "final"]["values"] == pytest.approx([3.0, 5.0])
+    # A3 - A5 over three seeds, Holm over its own two
+    a3_a5 = results["a3_a5"]
+    assert [r["measure"] for r in a3_a5] == ["peak", "final"]
+    assert a3_a5[1]["values"] == pytest.approx([2.0, 4.0, 2.0])
+    assert a3_a5[0]["p_holm"] == pytest.approx(min(1, 2 * min(r["p"] for r in a3_a5)))
+    # x: A1 seed 1 generates 24, 16, 24, 16 (its visits x 8); the arms on the pool are charged
+    # that (80, the collection's checkpoint is step 4) and 10 prompts x K = 16
+    assert results["x"]["A1"][0] == [0, 40, 80]
+    assert results["x"]["A7"] == [[0, 80, 160], [0, 96, 192]]
+    assert results["x"]["A3"][0] == [240, 280, 320]
+    # seed 2: A1 16, 8, 8, 8; charge 40 + 160
+    assert results["x"]["A3"][1] == [200, 224, 240] and results["x"]["A8"][1] == [200, 280, 360]
+    eq = {r["contrast"]: r for r in results["equal_compute"]}
+    assert eq["A3 - A7"]["apart"] == \
+        "A3's curve starts at 200-240 responses, after A7's ends at 160-192"
+    # A7 - A1: seed 1 at x* 80: 22 - 24; seed 2 at x* 40: A7 0.1 + 0.11 x 40 / 96, A1 20
+    seed2 = 100 * (0.1 + 0.11 * 40 / 96 - 0.20)
+    assert eq["A7 - A1"]["values"] == pytest.approx([-2.0, seed2])
+    half = 12.71 * np.std([-2.0, seed2], ddof=1) / math.sqrt(2)
+    assert eq["A7 - A1"]["raw"] == pytest.approx([(-2 + seed2) / 2 - half, (-2 + seed2) / 2 + half])
+    # A8 - A3: seed 1 at x* 320: A8's 29 - A3's 30; seed 2 at 240: 0.1 + 0.17 / 2 = 18.5 - 31
+    assert eq["A8 - A3"]["values"] == pytest.approx([-1.0, -12.5])
+    assert eq["A8 - A3"]["x"] == [320, 240]
+    # the metering: A7 generated 160 and 192, 8 rounds each, 20 and 24 prompts, 1 and 0 capped
+    meter = results["metering"]["A7"]
+    assert [m["responses"] for m in meter] == [160, 192] and [m["capped"] for m in meter] == [1, 0]
+    assert [m["prompts"] for m in meter] == [20, 24] and [m["kept"] for m in meter] == [10, 5]
+    assert results["metering"]["A8"][0]["responses"] == 240 + 160
+    # seed 1 against the published numbers, cpu-hard's: this pool has 3 prompts, A3 and A5
+    # rescued 5, 4 of the 8 visits to pooled prompts in steps 1-3
+    assert results["seed1"]["check"].startswith("not checked: the published numbers are")
+    assert "| here | 3 | 5 (50 %) | 5 (50 %) |" in open(tmp_path / "table.md").read()
+    as_cpu_hard = study.report_dynamic(out, [1, 2, 3], [1, 2, 3],
+                                       dataclasses.replace(cfg, preset="cpu-hard"))
+    assert as_cpu_hard["seed1"]["check"].startswith("differs: pool 3 prompts, published 38; "
+                                                    "A3 rescued 5, published 18")
+    results = study.report_dynamic(out, [1, 2, 3], [1, 2, 3], cfg)
+    assert results["starts"]["A1"] == {"folder": "seed1", "time": "2020-01-05T09:00:00Z",
+                                       "from": "logged"}
+    assert results["starts"]["A7"]["from"] == "file mtime (last write)"
+    table = open(tmp_path / "table.md").read()
+    for heading in ("The family", "A3 - A5 over the 3 seeds", "Seed 1: not checked",
+                    "At equal generated responses, raw, uncorrected", "Metering",
+                    "The plan's commits against", "by kind", "no overlap: A3's curve starts"):
+        assert heading in table, heading
+    assert "| A7 | 176.0 (160-192) | 8.0 (8) | 22.0 (20-24) | 7.5 (5-10) | 0.5 (0-1) |" in table
+    # A1's curve over the family's 2 seeds and over all 3
+    assert "| A1: baseline, all prompts | 2 (family) | 10.0 (0.0) | 19.0 (1.4) |" in table
+    assert "| A1: baseline, all prompts | 3 (all) |" in table
+    pytest.importorskip("matplotlib")
+    for figure in ("forest.png", "curves.png", "compute.png"):
+        assert os.path.getsize(tmp_path / figure) > 0
+
+
+def test_a_run_logs_its_start_before_rlep_writes(tmp_path, monkeypatch):
+    class Done:
+        returncode = 0
+    commands = []
+    monkeypatch.setattr(study.subprocess, "run", lambda command, **kw: commands.append(command)
+                        or Done())
+    folder = str(tmp_path / "seed1-A7")
+    study.run(folder, ["--phase", "1", "--dynamic_sampling"], str(tmp_path / "seed1"))
+    first = open(folder + ".log").readline()
+    assert first.startswith(study.started_mark) and commands[0][-2:] == ["1", "--dynamic_sampling"]
+    when, how = study.run_started(folder)
+    assert how == "logged" and abs(study.time.mktime(study.time.strptime(
+        when, "%Y-%m-%dT%H:%M:%SZ")) - study.time.mktime(study.time.gmtime())) < 60
+
+
+def test_the_plan_came_first_only_where_a_logged_start_says_so():
+    plan = "2026-12-03T10:00:00Z"
+    assert study.came_after("2026-12-03T11:00:00Z", "logged", plan) == "yes"
+    assert study.came_after("2026-12-03T09:00:00Z", "logged", plan) == "NO"
+    # a last write after the commit does not show that the run started after it
+    assert study.came_after("2026-12-03T11:00:00Z", "file mtime (last write)", plan) == \
+        "not shown (a last write)"
+    assert study.came_after("2026-12-03T09:00:00Z", "file mtime (last write)", plan) == "NO"
+    assert study.came_after("2026-12-03T11:00:00Z", "logged", "") == "-"
+    # the off-policy plan: committed in 2b04552, amended in 7c0a0e0 (docs/studies.md)
+    first, newest = study.plan_times("docs/study-plan.md")
+    assert first and newest and first < newest
+    assert study.plan_times("docs/no-such-plan.md") == ("", "")
+
+
+def test_a_finished_seeds_checkpoints_go_not_seed_10s(tmp_path):
+    for folder in ("seed1", "seed1-A7", "seed10", "seed10-A5"):
+        os.makedirs(tmp_path / folder / "phase1" / "step_000002")
+        (tmp_path / folder / "phase1" / "metrics.jsonl").write_text("")
+    study.drop_checkpoints(str(tmp_path), 1)
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/phase1/*"))
+    assert left == ["seed1-A7/phase1/metrics.jsonl", "seed1/phase1/metrics.jsonl",
+                    "seed10-A5/phase1/metrics.jsonl", "seed10-A5/phase1/step_000002",
+                    "seed10/phase1/metrics.jsonl", "seed10/phase1/step_000002"]
