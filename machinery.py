@@ -71,6 +71,15 @@ def gather_lists(items: list, d: Dist) -> list:
     dist.all_gather_object(gathered, items)
     return [x for part in gathered for x in part]
 
+def first_flagged(flags: list[tuple], count: int) -> list:
+    """The keys of the `count` first true flags in key order, made up by the first false
+    ones if fewer are true; in key order. flags: (key, flag) pairs, gathered from every
+    rank, so that every rank chooses the same."""
+    ordered = sorted(flags)
+    chosen = [key for key, flag in ordered if flag][:count]
+    chosen += [key for key, flag in ordered if not flag][:count - len(chosen)]
+    return sorted(chosen)
+
 def gather_to_rank0(items: list, d: Dist) -> list:
     """Every rank's list, concatenated in rank order, on rank 0; the other ranks get []."""
     if not d.distributed:
