@@ -76,13 +76,13 @@ from builtin import resolve_dtype, resolve_model
 from checks import check_config, check_start, read_inputs, stop_line
 from data import (UserError, append_jsonl, checkpoint_path, final_report, load_pool,
                   load_trainer_state, log_step, logprob_gaps, protected_steps, resume_point,
-                  progress_row, read_collection, read_jsonl,
-                  remove_leftovers, save_checkpoint, save_plan, save_pool, start_wandb,
-                  save_config, step_counts, step_record, finish_wandb, track, write_atomic)
+                  progress_row, read_collection, read_jsonl, remove_leftovers, save_checkpoint,
+                  save_plan, save_pool, start_wandb, save_config, step_counts, step_record,
+                  finish_wandb, track, write_atomic)
 from machinery import (Completion, Dist, Engine, Split, TokenLogProbs, barrier, dataclass_flags,
                        epoch_mini_batches, first_flagged, gather_lists, gather_to_rank0,
-                       group_sizes,
-                       load_model, rank0_decides, setup_distributed, shard, start_engine)
+                       group_sizes, load_model, rank0_decides, setup_distributed, shard,
+                       start_engine)
 
 # ---------------------------------------------------------------------------
 # Config: the defaults are the paper's run (docs/paper.md); the default preset: cpu
