@@ -72,9 +72,9 @@ def gather_lists(items: list, d: Dist) -> list:
     return [x for part in gathered for x in part]
 
 def first_flagged(flags: list[tuple], count: int) -> list:
-    """The keys of the `count` first true flags in key order, made up by the first false
-    ones if fewer are true; in key order. flags: (key, flag) pairs, gathered from every
-    rank, so that every rank chooses the same."""
+    """The first `count` keys, in key order, whose flag is true, made up with the first
+    false ones where fewer are true; returned in key order. flags: (key, flag) pairs
+    gathered from every rank (gather_lists), so that every rank chooses alike."""
     ordered = sorted(flags)
     chosen = [key for key, flag in ordered if flag][:count]
     chosen += [key for key, flag in ordered if not flag][:count - len(chosen)]
