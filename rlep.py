@@ -565,7 +565,7 @@ def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
 
 def mixed(group: list[Sample]) -> bool:
     """control: answers right and wrong (verl's metric acc), replays
-    included: RLEP's rescue (fresh all wrong, a replay right) is kept."""
+    included: a rescue (fresh all wrong, a replay right) is kept."""
     return len({s.correct for s in group}) > 1  # control
 
 def make_groups(cfg: Config, part: str, step: int, first_round: int, rows: list[dict],
