@@ -37,7 +37,7 @@ from data import (UserError, checkpoint_path, complete_checkpoints, latest_check
 number_ranges = {
     ">= 1": "prompts_per_step n max_prompt_len max_response_len mini_batch_prompts epochs "
             "micro_batch_size phase1_steps phase2_steps collect_k min_successes val_k "
-            "save_every timeout_minutes",
+            "save_every timeout_minutes max_gen_rounds",
     ">= 0": "overlong_buffer overlong_factor lr weight_decay warmup_steps clip_low clip_high "
             "micro_batch_tokens replay_m replay_coef val_every seed keep_checkpoints "
             "log_samples",

@@ -6,8 +6,8 @@ a step's row of metrics.jsonl and a finished run's report; not the method.
     read_rows, save_pool, load_pool            data rows and the experience pool, checked
     save_checkpoint, load_trainer_state, ...   checkpoints: written whole, pruned (checks.py
                                                sizes them against the disk)
-    step_counts, step_record, log_step         a training step's row of metrics.jsonl
-    comparison_table, plot_comparison          a finished run's baseline-vs-RLEP report
+    step_counts, step_record, log_step, ...    a training step's row of metrics.jsonl
+    comparison_table, plot_comparison, ...     a finished run's baseline-vs-RLEP report
     start_wandb, track, finish_wandb           live curves on Weights & Biases (optional)
 
 The built-in tasks and models of the small presets are in builtin.py.
@@ -262,6 +262,15 @@ def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
         return 0, None
     return steps[-1], checkpoint_path(part_dir, steps[-1])
 
+def resume_point(part_dir: str) -> tuple[int, str | None, int]:
+    """latest_checkpoint's (step, folder) and the round of prompts (rlep.step_prompts) the
+    next step starts at; a checkpoint older than --dynamic_sampling: the step."""
+    step, folder = latest_checkpoint(part_dir)
+    if folder is None:
+        return step, folder, step
+    state = torch.load(os.path.join(folder, "trainer_state.pt"), map_location="cpu")
+    return step, folder, state.get("prompt_round", step)
+
 def pruned(steps: list[int], keep: int) -> list[int]:
     """The steps, oldest first, that lose their place once the newest `keep` are whole;
     keep 0 keeps all."""
@@ -301,7 +310,7 @@ def remove_leftovers(out_dir: str):
         print(f"removed what a stopped save or prune left: {names}", flush=True)
 
 def save_checkpoint(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
-                    protected: set[int] = frozenset()):
+                    protected: set[int] = frozenset(), prompt_round: int = None):
     """rlep.py's policy (FSDP2 or not): HF weights gathered to rank 0's CPU, AdamW as a file
     per rank (DCP), the step and the run's Config; written to a `.tmp` folder and renamed:
     a crash keeps the last good one. Then old checkpoints are pruned. d: rlep.Dist."""
@@ -329,7 +338,9 @@ def save_checkpoint(part_dir: str, step: int, policy, optimizer, tokenizer, cfg,
     dcp.save({"optimizer": optimizer_state}, checkpoint_id=os.path.join(tmp, "optimizer"))
     if d.master_process:
         # data order and replay draws derive from the step; the RNG state is kept for safety
-        state = {"step": step, "torch_rng": torch.get_rng_state()}
+        state = {"step": step, "torch_rng": torch.get_rng_state(),
+                 # the next step's first round of prompts (resume_point)
+                 "prompt_round": step if prompt_round is None else prompt_round}
         torch.save(state, os.path.join(tmp, "trainer_state.pt"))
         # the same step saved again after a resume
         shutil.rmtree(final, ignore_errors=True)
@@ -365,6 +376,15 @@ def save_plan(cfg, part: str) -> list[int]:
 
 # ---------------------------------------------------------------------------
 # Step metrics: a row of metrics.jsonl, from every rank's counts (rlep.train)
+
+def logprob_gaps(trained: list) -> list[float]:
+    """|log π_θold - vLLM's log-prob| per fresh token a rank trained (rlep.Sample's, from
+    ppo_update): stale weights, a wrong T or stop, a precision drift show here."""
+    fresh = [s for s in trained if not s.replay]
+    # one copy to the host
+    old = torch.cat([s.old_logprobs for s in fresh]).tolist() if fresh else []
+    sampled = [lp for s in fresh for lp in s.vllm_logprobs]
+    return [abs(a - b) for a, b in zip(old, sampled)]
 
 def step_counts(groups: list[list], visits: list[dict], gaps: list[float], tokenizer, cfg,
                 stop_ids: list[int], update: dict) -> dict:
@@ -423,6 +443,8 @@ def log_step(part: str, step: int, steps: int, record: dict):
     keys = ("reward_mean", "acc_fresh", "response_len", "replay_frac", "rescued", "clip_frac",
             "ratio_max", "grad_norm", "logprob_gap_max", "val_acc", "t_generation", "t_training")
     shown = [f"{k} {record[k]:.3g}" for k in keys if k in record]
+    if record.get("gen_capped"):  # rlep's --max_gen_rounds: dropped groups fill the step
+        shown.append(f"capped: {record['kept_groups']} groups mixed")
     print(f"{part} step {step}/{steps} | " + " | ".join(shown), flush=True)
 
 
@@ -510,6 +532,20 @@ def plot_comparison(run_dirs: list[str], path: str) -> str:
                 panels[key].append((f"{name} {label}", steps, values, style, i))
     return save_plot(path, dict(sorted(panels.items())),
                      "validation avg@k (%)")
+
+def final_report(out_dir: str, compare: bool, total: float, spent: dict, gflops) -> str:
+    """Rank 0's end of rlep.py: with `compare`, the comparison table (returned; else "")
+    and curves.png; the time table, seconds per activity; timings.json, where a resumed
+    run's processes add up."""
+    table = ""
+    if compare:
+        table = comparison_table([out_dir])
+        print(table)
+        print(plot_comparison([out_dir], os.path.join(out_dir, "curves.png")))
+    shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()]
+    print(f"time: {total:.0f} s | " + " | ".join(shown))
+    add_timings(out_dir, total, spent, linear_gflops=gflops)
+    return table
 
 
 # ---------------------------------------------------------------------------

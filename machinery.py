@@ -70,6 +70,15 @@ def gather_lists(items: list, d: Dist) -> list:
     dist.all_gather_object(gathered, items)
     return [x for part in gathered for x in part]
 
+def first_flagged(flags: list[tuple], count: int) -> list:
+    """The first `count` keys, in key order, whose flag is true, made up with the first
+    false ones where fewer are true; returned in key order. flags: (key, flag) pairs
+    gathered from every rank (gather_lists), so that every rank chooses alike."""
+    ordered = sorted(flags)
+    chosen = [key for key, flag in ordered if flag][:count]
+    chosen += [key for key, flag in ordered if not flag][:count - len(chosen)]
+    return sorted(chosen)
+
 def gather_to_rank0(items: list, d: Dist) -> list:
     """Every rank's list, concatenated in rank order, on rank 0; the other ranks get []."""
     if not d.distributed:
@@ -418,15 +427,13 @@ def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
 def plan_micro_batches(positions, sizes: dict, world_size: int,
                        split: Split) -> list[list[list[tuple[int, int]]]]:
     """Every rank's micro-batches of a mini-batch, lists of (position, sample) pairs, as
-    many on every rank (FSDP2's lockstep: it gathers the weights in each forward and
-    backward and reduces the gradients, for one token as for 16,384). Rows, not groups:
-    the mini-batch is cut into W x passes micro-batches of near-equal tokens, longest
-    rows first, and dealt to the ranks in turn: none idles while rows last (RLEP's
-    9 mini-batches of 56 or 57 prompts reach all 64 ranks; whole groups leave 7 or 8
-    none). A row carries its Â and N is the mini-batch's: where a row trains does not
-    change the loss. Rows holding a group (share_prompts) stay where it was generated.
-    Any rank plans every rank's, from the gathered sizes (verl agrees on a count by an
-    all-reduce); on one rank this is split_micro_batches of the mini-batch."""
+    many on every rank (FSDP2 gathers the weights in each forward and backward and
+    reduces the gradients, for one token as for 16,384). Rows, not groups: W x passes
+    micro-batches of near-equal tokens, longest rows first, dealt to the ranks in turn,
+    so none idles while rows last (RLEP's 56 or 57 prompts reach all 64 ranks; whole
+    groups leave 7 or 8 none). A row carries its Â and N is the mini-batch's: where it
+    trains does not change the loss. A row holding a group (share_prompts) stays where
+    it was made. Any rank plans every rank's; on one, it is split_micro_batches."""
     rows = [(p, i) for p in positions for i in range(len(sizes[p].row_lengths))]
     def cut(held, count):  # -> count micro-batches of held, or more, or fewer rows
         lengths = [sizes[p].row_lengths[i] for p, i in held]

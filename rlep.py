@@ -37,7 +37,9 @@ Deviations from the paper (and its verl code):
 7. Mini-batches are runs of the step's shuffled prompts, whole groups, their rows dealt
    to the ranks by tokens; verl's are ranges of a token-balanced order.
 Controls the paper lacks, tagged `# control:`, off by default (docs/studies.md):
-`--phase1_prompts pool`, `--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`.
+`--phase1_prompts pool`, `--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`,
+`--dynamic_sampling` (DAPO's, as verl's filter_groups: at --max_gen_rounds, where verl
+stops the run, the step is filled with dropped groups).
 """
 import os
 
@@ -72,15 +74,15 @@ from tqdm import tqdm
 import verify
 from builtin import resolve_dtype, resolve_model
 from checks import check_config, check_start, dataclass_flags, read_inputs, stop_line
-from data import (UserError, add_timings, append_jsonl, checkpoint_path, comparison_table,
-                  latest_checkpoint, load_pool, load_trainer_state, log_step, protected_steps,
-                  plot_comparison, progress_row, read_collection, read_jsonl,
-                  remove_leftovers, save_checkpoint, save_plan, save_pool, start_wandb,
-                  save_config, step_counts, step_record, finish_wandb, track, write_atomic)
+from data import (UserError, append_jsonl, checkpoint_path, final_report, load_pool,
+                  load_trainer_state, log_step, logprob_gaps, protected_steps, resume_point,
+                  progress_row, read_collection, read_jsonl, remove_leftovers, save_checkpoint,
+                  save_plan, save_pool, start_wandb, save_config, step_counts, step_record,
+                  finish_wandb, track, write_atomic)
 from machinery import (Completion, Dist, Engine, Split, TokenLogProbs, barrier,
-                       epoch_mini_batches, gather_lists, gather_to_rank0, group_sizes,
-                       load_model, rank0_decides, setup_distributed, shard, start_engine,
-                       step_rows)
+                       epoch_mini_batches, first_flagged, gather_lists, gather_to_rank0,
+                       group_sizes, load_model, rank0_decides, setup_distributed, shard,
+                       start_engine, step_rows)
 
 # ---------------------------------------------------------------------------
 # Config: the defaults are the paper's run (docs/paper.md); the default preset: cpu
@@ -109,6 +111,8 @@ class Config:
     stop_token: str = ""  # "": responses end at EOS, as the authors'; else here too
     overlong_buffer: int = 512  # L_cache, DAPO's soft overlong window
     overlong_factor: float = 1.0  # the overlong penalty at L_max
+    dynamic_sampling: bool = False  # control: drop groups all right or all wrong, refill to B
+    max_gen_rounds: int = 10  # control: rounds a step at most; then dropped groups fill it
 
     # --- optimisation
     lr: float = 1e-6  # η, AdamW's learning rate
@@ -238,7 +242,9 @@ def clock(activity: str, step_times: dict = None):
     seconds = time.perf_counter() - start
     time_spent[activity] += seconds
     if step_times is not None:
-        step_times[f"t_{activity}"] = seconds
+        # a step's generation rounds add up
+        key = f"t_{activity}"
+        step_times[key] = step_times.get(key, 0.0) + seconds
 
 # ---------------------------------------------------------------------------
 # Data: rows {"id", "problem", "answer" [, "prompt" (chat), "responses" (a pool's)]}, read
@@ -263,12 +269,6 @@ def end_token_id(tokenizer, stop_token: str) -> int:
         raise UserError(f"--stop_token {stop_token!r}: not a single token of "
                         f"{tokenizer.name_or_path}")
     return token_id
-
-def held_positions(count: int, d: Dist) -> list[int]:
-    """The places in the step's order of the `count` prompts
-    this rank holds: rank r holds r, r + W, r + 2W, ...
-    (make_groups deals them out, ppo_update reads them)."""
-    return [j * d.world_size + d.rank for j in range(count)]
 
 def step_prompts(num_rows: int, prompts_per_step: int, step: int, seed: int) -> list[int]:
     """Row indices of a training step: each epoch visits every row once,
@@ -460,26 +460,23 @@ def keep_old_logprobs(micro: dict, old_logprobs: torch.Tensor):
     for sample, row in zip(micro["samples"], old_logprobs):
         sample.old_logprobs = row[:len(sample.completion_ids)]
 
-def ppo_update(policy, optimizer, groups: list[list[Sample]], sequences_per_update: int,
-               cfg: Config, d: Dist, pad_id: int, seed: int) -> tuple[dict, list[Sample]]:
-    """A training step's update; rank r holds the groups of prompts
-    r, r + W, ... Returns its metrics and the samples it trained."""
+def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
+               sequences_per_update: int, cfg: Config, d: Dist, pad_id: int,
+               seed: int) -> tuple[dict, list[Sample]]:
+    """A training step's update of this rank's groups, {position in the
+    step: group} (make_groups); its metrics and the samples it trained."""
     # a cache of bf16 weight copies would cost 13 GiB for 7B
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
-    # position in the step -> group: this rank's every W-th prompt
-    my_groups = dict(zip(held_positions(len(groups), d), groups))
     sizes = group_sizes(my_groups, d)  # every rank's
     total_samples = sum(len(g.row_lengths) for g in sizes.values())
     num_updates = max(1, round(total_samples / sequences_per_update))
     split = Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
-    # the rows this rank trains: rows, not groups, are spread
-    # over the ranks by tokens (plan_micro_batches)
+    # rows, not groups, are dealt to the ranks (by tokens)
     rows = step_rows(my_groups, sizes, num_updates, split, d)
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
-        # this rank's micro-batches of each
-        # mini-batch, and its N (machinery.py)
+        # this rank's micro-batches of each mini-batch, and N
         mini_batches = epoch_mini_batches(rows, sizes, num_updates, epoch,
                                           seed_for(seed, epoch), split, d, pad_id)
         if epoch == 0:
@@ -567,36 +564,62 @@ def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
         scores.update({key: float(np.mean(c)) for key, c in by_source.items()})
     return scores
 
-def make_groups(cfg: Config, part: str, step: int, rows: list[dict], engine: Engine,
-                tokenizer, end_id: int, d: Dist, replay: bool,
-                times: dict) -> list[list[Sample]]:
-    """This rank's share of the step's prompts (every W-th), each with its
-    group: n fresh rollouts, plus m replays in phase two."""
-    order = step_prompts(len(rows), cfg.prompts_per_step, step, cfg.seed)
-    count = cfg.prompts_per_step // d.world_size
-    batch_rows = [rows[order[p]] for p in held_positions(count, d)]
+def mixed(group: list[Sample]) -> bool:
+    """control: answers right and wrong (verl's metric acc), replays
+    included: a rescue (fresh all wrong, a replay right) is kept."""
+    return len({s.correct for s in group}) > 1  # control
+
+def make_groups(cfg: Config, part: str, step: int, first_round: int, rows: list[dict],
+                engine: Engine, tokenizer, end_id: int, d: Dist, replay: bool,
+                times: dict) -> tuple[dict, dict]:
+    """This rank's groups, {position in the step: group}: n fresh
+    rollouts each, plus m replays in phase two; and the step's counts.
+    Round j is step_prompts's slot first_round + j. One round a step;
+    control: with --dynamic_sampling, rounds until B groups are mixed."""
+    B = cfg.prompts_per_step
+    rounds = cfg.max_gen_rounds if cfg.dynamic_sampling else 1  # control
+    made = {}  # (round, position) -> a group this rank made
+    flags = []  # every rank's ((round, position), mixed)
+    for j in range(rounds):
+        order = step_prompts(len(rows), B, first_round + j, cfg.seed)
+        positions = range(d.rank, B, d.world_size)  # rank r: r, r + W, ...
+        batch_rows = [rows[order[p]] for p in positions]
+        # round 0 keeps the keys of a run without dynamic sampling;
+        # later ones add j (a row can come up twice in a step)
+        extra = (j,) if j else ()  # control
+        with clock("generation", times):
+            prompts = [render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)
+                       for row in batch_rows]
+            seeds = [seed_for(cfg.seed, part, step, row["id"], *extra) for row in batch_rows]
+            completions = engine.generate(prompts, cfg.n, cfg.temperature, cfg.top_p,
+                                          cfg.max_response_len, [end_id], seeds, logprobs=True,
+                                          progress=cfg.progress and d.master_process)
+        with clock("scoring", times):
+            for p, row, prompt_ids, fresh, seed in zip(positions, batch_rows, prompts,
+                                                       completions, seeds):
+                replays = []
+                if replay:
+                    # RLEP: m drawn anew at every visit, seeded by vLLM's key for
+                    # the prompt in another generator (numpy's PCG64, not torch's)
+                    rng = np.random.default_rng(seed)  # RLEP
+                    replays = draw_replays(row["responses"], cfg.replay_m, rng)  # RLEP
+                made[j, p] = build_group(row, prompt_ids, fresh, tokenizer, cfg, end_id, replays)
+        flags += gather_lists([((j, p), mixed(made[j, p])) for p in positions], d)
+        mixed_groups = sum(flag for _, flag in flags)
+        if mixed_groups >= B:
+            break
     with clock("generation", times):
-        prompts = [render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)
-                   for row in batch_rows]
-        seeds = [seed_for(cfg.seed, part, step, row["id"]) for row in batch_rows]
-        completions = engine.generate(prompts, cfg.n, cfg.temperature, cfg.top_p,
-                                      cfg.max_response_len, [end_id], seeds, logprobs=True,
-                                      progress=cfg.progress and d.master_process)
-        # on a GPU: free vLLM's memory for the trainer
-        engine.sleep()
-    groups = []
-    with clock("scoring", times):
-        for row, prompt_ids, fresh in zip(batch_rows, prompts, completions):
-            replays = []
-            if replay:
-                # RLEP: m of the prompt's pooled successes, drawn anew at
-                # every visit. The key also seeds vLLM's sampling of this
-                # prompt: another generator (numpy's PCG64, not vLLM's
-                # torch one), so the draws are independent.
-                rng = np.random.default_rng(seed_for(cfg.seed, part, step, row["id"]))  # RLEP
-                replays = draw_replays(row["responses"], cfg.replay_m, rng)  # RLEP
-            groups.append(build_group(row, prompt_ids, fresh, tokenizer, cfg, end_id, replays))
-    return groups
+        engine.sleep()  # on a GPU: free vLLM's memory for the trainer
+    # control: the first B mixed groups in stream order (round, position),
+    # alike on any number of ranks, each kept on the rank that made it;
+    # at the cap the dropped ones fill the step, earliest first
+    kept = first_flagged(flags, B)  # control
+    my_groups = {i: made[key] for i, key in enumerate(kept) if key in made}
+    meter = {"gen_rounds": j + 1, "gen_prompts": len(flags),
+             "gen_responses": len(flags) * cfg.n, "kept_groups": min(B, mixed_groups)}
+    if cfg.dynamic_sampling:
+        meter["gen_capped"] = mixed_groups < B  # control
+    return my_groups, meter
 
 def visit(group: list[Sample]) -> dict:
     """A prompt's visit, for metrics.jsonl. RLEP:
@@ -608,22 +631,14 @@ def visit(group: list[Sample]) -> dict:
     return {"id": group[0].row_id, "fresh_correct": fresh_correct,
             "replays": len(replays), "rescued": rescued}
 
-def logprob_gaps(trained: list[Sample]) -> list[float]:
-    """|log π_θold - vLLM's log-prob| per fresh token the rank trained:
-    stale weights, a wrong T or stop, a precision drift show here."""
-    fresh = [s for s in trained if not s.replay]
-    # one copy to the host
-    old = torch.cat([s.old_logprobs for s in fresh]).tolist() if fresh else []
-    sampled = [lp for s in fresh for lp in s.vllm_logprobs]
-    return [abs(a - b) for a, b in zip(old, sampled)]
-
 def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, end_id: int,
           base_path: str, d: Dist, val_rows: list[dict], replay: bool = False):
     """Train from the base model (or the part's last checkpoint); with
     replay, rows carry pooled responses."""
     part_dir = os.path.join(cfg.out_dir, part)
     steps = cfg.phase2_steps if replay else cfg.phase1_steps
-    start, ckpt = rank0_decides(lambda: latest_checkpoint(part_dir), d)
+    # the checkpoint's step, and the round of prompts it starts at
+    start, ckpt, prompt_round = rank0_decides(lambda: resume_point(part_dir), d)
     if start >= steps:
         return
     # a collected pool's size is known only now (checks.py checked the rest)
@@ -668,12 +683,15 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
         for group in optimizer.param_groups:
             group["lr"] = lr
         times = {}  # seconds per part of this step
-        groups = make_groups(cfg, part, step, rows, engine, tokenizer, end_id, d, replay,
-                             times)
+        my_groups, meter = make_groups(cfg, part, step, prompt_round, rows, engine,
+                                       tokenizer, end_id, d, replay, times)
+        # control: the next step's prompts follow this one's rounds
+        prompt_round += meter["gen_rounds"]
+        groups = list(my_groups.values())
 
         with clock("training", times):
             update_seed = seed_for(cfg.seed, part, step, "update")
-            stats, trained = ppo_update(policy, optimizer, groups, sequences_per_update,
+            stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update,
                                         cfg, d, pad_id, update_seed)
         with clock("push", times):
             engine.push(policy.model)
@@ -682,9 +700,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
         my_counts = step_counts(groups, visits, logprob_gaps(trained), tokenizer=tokenizer,
                                 cfg=cfg, stop_ids=stop_ids, update=stats)
         counts = gather_lists([my_counts], d)
-        # after stats: step_record's all-rank
-        # token counts replace the rank's
-        record = {"step": step + 1, "lr": lr, **stats, **step_record(counts), **times}
+        # after stats: step_record's all-rank token counts win
+        record = {"step": step + 1, "lr": lr, **stats, **step_record(counts), **meter,
+                  **times}
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
             record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1))
 
@@ -701,7 +719,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
         if step + 1 in save_plan(cfg, part):
             # pruning keeps the weights the collection reads
             save_checkpoint(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
-                            protected_steps(cfg, part))
+                            protected_steps(cfg, part), prompt_round)
     engine.sleep()
     # FSDP2's modules sit in reference cycles: free
     # this part's policy and AdamW now, before the
@@ -855,15 +873,9 @@ def main(argv=None):
     spent = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
     if not d.master_process:
         return
-    table = ""
-    if cfg.phase == "all" and cfg.val_every:
-        table = comparison_table([cfg.out_dir])
-        print(table)
-        print(plot_comparison([cfg.out_dir], os.path.join(cfg.out_dir, "curves.png")))
-    shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()]
-    print(f"time: {total:.0f} s | " + " | ".join(shown))
-    # a resumed run's processes add up
-    add_timings(cfg.out_dir, total, spent, linear_gflops=dtype.gflops)
+    # the comparison (after --phase all), the time table
+    compare = cfg.phase == "all" and cfg.val_every
+    table = final_report(cfg.out_dir, compare, total, spent, dtype.gflops)
     # the table too; a run that stopped early is closed by wandb at exit
     finish_wandb(table)
 

@@ -26,7 +26,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import builtin  # noqa: E402
 import rlep  # noqa: E402
-from test_update import make_groups  # noqa: E402
+from test_update import held, make_groups  # noqa: E402
 
 cpu = torch.device("cpu")
 
@@ -42,7 +42,7 @@ def update(rank, world, port, model_path, cfg, groups, gathers, out):
         rlep.MixedPrecisionPolicy = lambda **kwargs: MixedPrecisionPolicy()
     d = rlep.Dist(world > 1, rank, world, cpu, rank == 0)
     policy, optimizer = rlep.build_policy(model_path, cfg, d)
-    rlep.ppo_update(policy, optimizer, copy.deepcopy(groups[rank::world]),
+    rlep.ppo_update(policy, optimizer, copy.deepcopy(held(groups, rank, world)),
                     cfg.mini_batch_prompts * cfg.n, cfg, d, 0, seed=7)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(policy.model, options=options)

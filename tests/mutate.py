@@ -31,6 +31,7 @@ killed_saves = guarantees + "test_a_save_or_prune_killed_at_any_write_leaves_onl
 paper_rule = guarantees + "test_the_paper_rule_reads_answers_as_math_dapo"
 eval_protocol = guarantees + "test_eval_defaults_are_the_papers_protocol"
 chat_rows = guarantees + "test_a_chat_row_is_rendered_from_its_own_messages_a_plain_one_templated"
+dynamic = "tests/test_dynamic_sampling.py::"
 both_rules = ("tests/test_eval.py::"
               "test_a_boxed_only_answer_is_right_by_equivalence_and_wrong_by_the_paper_rule")
 planner = "tests/test_planner.py"
@@ -85,8 +86,8 @@ mutations = [
      "if len(responses) <= m:  # RLEP: fewer than m: the authors' code takes them all\n"
      "        return []"),
     ("replays drawn once per prompt", "rlep.py",
-     'rng = np.random.default_rng(seed_for(cfg.seed, part, step, row["id"]))',
-     'rng = np.random.default_rng(seed_for(cfg.seed, part, row["id"]))'),
+     "rng = np.random.default_rng(seed)  # RLEP",
+     'rng = np.random.default_rng(seed_for(cfg.seed, part, row["id"]))  # RLEP'),
     ("phase two from the phase-one checkpoint", "rlep.py",
      'train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True)',
      'train(cfg, "phase2", rows, engine, tokenizer, end_id, checkpoint_path(os.path.join('
@@ -188,8 +189,8 @@ mutations = [
      "by_source[f\"val_acc/{row.get('data_source')}\"].append(any(record[\"correct\"]))",
      [guarantees + "test_val_acc_is_the_mean_over_all_samples_of_all_problems"]),
     ("rank 1 decides its own resume", "rlep.py",
-     "start, ckpt = rank0_decides(lambda: latest_checkpoint(part_dir), d)",
-     "start, ckpt = latest_checkpoint(part_dir)",
+     "start, ckpt, prompt_round = rank0_decides(lambda: resume_point(part_dir), d)",
+     "start, ckpt, prompt_round = resume_point(part_dir)",
      ["tests/test_checkpoints.py::test_every_rank_takes_rank_0s_view_of_the_run"]),
     ("rank 1 decides its own collection", "rlep.py",
      "pooled, done = rank0_decides(lambda: (written, set(successes)), d)",
@@ -252,6 +253,26 @@ mutations = [
      [paper_rule]),
     ("paper rule: the gold not normalised", "verify.py", "== _dapo_normalize(gold)", "== gold",
      [paper_rule]),
+    # --dynamic_sampling (a control)
+    ("dynamic sampling: replays not counted in a group's variance", "rlep.py",
+     "return len({s.correct for s in group}) > 1  # control",
+     "return len({s.correct for s in group if not s.replay}) > 1  # control",
+     [dynamic + "test_a_group_is_dropped_when_its_answers_all_agree_replays_included",
+      dynamic + "test_replays_rescue_a_group_whose_fresh_rollouts_all_fail"]),
+    ("dynamic sampling: a capped step not filled", "machinery.py",
+     "chosen += [key for key, flag in ordered if not flag][:count - len(chosen)]",
+     "chosen += []",
+     [dynamic + "test_the_first_mixed_groups_in_stream_order_are_kept_and_dropped_ones_fill_a_"
+      "short_step", dynamic + "test_at_the_cap_the_dropped_groups_fill_the_step_earliest_first"]),
+    ("dynamic sampling: a later round reuses round 0's keys", "rlep.py",
+     "extra = (j,) if j else ()  # control", "extra = ()  # control",
+     [dynamic + "test_the_step_is_refilled_from_the_next_rounds_in_their_order"]),
+    ("dynamic sampling: the next step one round on", "rlep.py",
+     'prompt_round += meter["gen_rounds"]', "prompt_round += 1",
+     [dynamic + "test_a_dynamic_run_logs_what_it_generated"]),
+    ("dynamic sampling: a resume at the step's round", "data.py",
+     'return step, folder, state.get("prompt_round", step)', "return step, folder, step",
+     [dynamic + "test_a_resumed_dynamic_run_starts_at_the_round_the_uninterrupted_one_did"]),
     # eval.py
     ("eval: benchmarks not split by source", "eval.py",
      'benchmarks[name] = [row for row in rows if row.get("data_source") == source]',

@@ -102,6 +102,8 @@ bad_inputs = [
     ("--prompts_per_step 0", ["--prompts_per_step", "0"], None,
      "--prompts_per_step 0: must be at least 1"),
     ("--save_every 0", ["--save_every", "0"], None, "--save_every 0: must be at least 1"),
+    ("--max_gen_rounds 0", ["--dynamic_sampling", "--max_gen_rounds", "0"], None,
+     "--max_gen_rounds 0: must be at least 1"),
     ("--keep_checkpoints -1", ["--keep_checkpoints", "-1", "--phase", "1"], None,
      "--keep_checkpoints -1: must be at least 0"),
     ("--phase1_steps 0", ["--phase1_steps", "0"], None, "--phase1_steps 0: must be at least 1"),

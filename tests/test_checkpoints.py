@@ -284,8 +284,10 @@ def decide_on_rank(rank, port, folders, out):
 
 def test_every_rank_takes_rank_0s_view_of_the_run(tmp_path, free_port):
     folders = [str(tmp_path / "rank0"), str(tmp_path / "rank1")]
-    fake_checkpoint(tmp_path / "rank0" / "phase1", 2)
-    fake_checkpoint(tmp_path / "rank1" / "phase1", 4)
+    for rank, step in ((0, 2), (1, 4)):
+        folder = fake_checkpoint(tmp_path / f"rank{rank}" / "phase1", step)
+        # what the resume reads of it (data.resume_point)
+        torch.save({"step": step}, os.path.join(folder, "trainer_state.pt"))
     pool = tmp_path / "rank0" / "collect" / "pool.jsonl"
     pool.parent.mkdir()
     pool.write_text("")

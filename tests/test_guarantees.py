@@ -115,7 +115,8 @@ def test_n_counts_the_replays_tokens(tiny_model, monkeypatch):
     calls = []
     monkeypatch.setattr(rlep, "policy_loss", recording_loss(calls))
     # a mini-batch of 8 sequences: the whole step, one update
-    rlep.ppo_update(policy, optimizer, fixed_groups(two_prompts, 2), 8, cfg, single, 0, seed=0)
+    rlep.ppo_update(policy, optimizer, dict(enumerate(fixed_groups(two_prompts, 2))), 8, cfg,
+                    single, 0, seed=0)
     assert len(calls) > 1 and all(n == 36 for n, _ in calls)
     assert sum(own for _, own in calls) == 36
 
@@ -136,7 +137,7 @@ def test_the_first_update_is_the_token_mean_policy_gradient(tiny_model):
     optimizer.zero_grad()
     seen = []
     optimizer.step = lambda: seen.append([p.grad.clone() for p in policy.parameters()])
-    rlep.ppo_update(policy, optimizer, groups, 8, cfg, single, 0, seed=0)
+    rlep.ppo_update(policy, optimizer, dict(enumerate(groups)), 8, cfg, single, 0, seed=0)
     (got,) = seen
     norm = torch.sqrt(sum((e ** 2).sum() for e in expected))
     gap = torch.sqrt(sum(((g - e) ** 2).sum() for g, e in zip(got, expected)))
@@ -158,7 +159,7 @@ def test_old_logprobs_take_one_pass_and_none_for_the_first_mini_batch(tiny_model
     policy.forward = forward
     groups = fixed_groups([[3, 5], [4, 6], [2, 2]], 2)
     # 3 prompts of 2: three updates of one prompt, a micro-batch each
-    rlep.ppo_update(policy, optimizer, groups, 2, cfg, single, 0, seed=0)
+    rlep.ppo_update(policy, optimizer, dict(enumerate(groups)), 2, cfg, single, 0, seed=0)
     no_grad = [size for grad, size in forwards if not grad]
     trained = [size for grad, size in forwards if grad]
     assert trained == [2, 2, 2] and no_grad == [2, 2]
@@ -215,7 +216,8 @@ def on_two_ranks(rank, port, model_path, out):
     rlep.policy_loss = recording_loss(calls)
     groups = fixed_groups(two_prompts + [[1, 1, 9, 3], [2, 5, 4]], 2)
     # rank r holds the prompts r, r + 2; one update of all 15 sequences
-    rlep.ppo_update(policy, optimizer, groups[rank::2], 15, cfg, d, 0, seed=0)
+    rlep.ppo_update(policy, optimizer, dict(list(enumerate(groups))[rank::2]), 15, cfg, d, 0,
+                    seed=0)
     torch.save({"scores": scores, "losses": calls}, f"{out}.{rank}")
     del policy, optimizer
     gc.collect()

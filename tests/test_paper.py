@@ -168,7 +168,7 @@ def test_n_is_the_response_token_count_of_the_whole_mini_batch(tiny_model, monke
         return real_loss(*args, **kwargs)
     monkeypatch.setattr(rlep, "policy_loss", loss)
     groups = make_groups([cfg.n] * 4, seed=1)
-    rlep.ppo_update(policy, optimizer, groups, 2 * cfg.n, cfg, single, 0, seed=0)
+    rlep.ppo_update(policy, optimizer, dict(enumerate(groups)), 2 * cfg.n, cfg, single, 0, seed=0)
     segments, current = [], []
     for event in events:
         if event[0] == "update":
@@ -188,7 +188,8 @@ def test_the_update_passes_the_configs_clip_bounds(tiny_model, monkeypatch):
     cfg = tiny("--clip_low", "0.11", "--clip_high", "0.37", "--clip_c", "4.5")
     policy, optimizer = rlep.build_policy(tiny_model, cfg, single)
     calls = Recorder(monkeypatch, rlep, "policy_loss").calls
-    rlep.ppo_update(policy, optimizer, make_groups([4, 4]), 64, cfg, single, 0, seed=0)
+    rlep.ppo_update(policy, optimizer, dict(enumerate(make_groups([4, 4]))), 64, cfg, single, 0,
+                    seed=0)
     assert calls and all((c["clip_low"], c["clip_high"], c["clip_c"]) == (0.11, 0.37, 4.5)
                          for c in calls)
 
@@ -332,7 +333,8 @@ def test_gradients_are_clipped_to_grad_clip_before_each_update(tiny_model):
     policy, optimizer = rlep.build_policy(tiny_model, cfg, single)
     events = []
     watch_updates(optimizer, events, policy)
-    stats, _ = rlep.ppo_update(policy, optimizer, make_groups([4, 4]), 4, cfg, single, 0, seed=0)
+    stats, _ = rlep.ppo_update(policy, optimizer, dict(enumerate(make_groups([4, 4]))), 4, cfg,
+                               single, 0, seed=0)
     assert len(events) == 2
     # the norm before the clip is reported; the update sees the clipped one
     assert stats["grad_norm"] > 0.01
@@ -345,7 +347,8 @@ def test_an_update_with_a_non_finite_gradient_is_skipped(tiny_model):
     before = {k: v.clone() for k, v in policy.state_dict().items()}
     groups = make_groups([4, 4])
     groups[1][2].advantage = math.nan  # this mini-batch's gradient is NaN
-    stats, _ = rlep.ppo_update(policy, optimizer, groups, 4, cfg, single, 0, seed=0)
+    stats, _ = rlep.ppo_update(policy, optimizer, dict(enumerate(groups)), 4, cfg, single, 0,
+                               seed=0)
     assert stats["skipped_updates"] == 1
     after = policy.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())
@@ -367,7 +370,8 @@ def test_a_bf16_run_trains_under_autocast(tiny_model):
             seen.append((on, torch.get_autocast_dtype("cpu") if on else None))
             return forward(batch)
         policy.forward = spy
-        rlep.ppo_update(policy, optimizer, make_groups([4, 4]), 4, cfg, single, 0, seed=0)
+        rlep.ppo_update(policy, optimizer, dict(enumerate(make_groups([4, 4]))), 4, cfg, single,
+                        0, seed=0)
         # π_θold and both updates' forwards
         assert len(seen) >= 3 and set(seen) == {expected}
 
@@ -694,6 +698,8 @@ paper_values = [
     ("phase2_steps", 400, "RLEP paper section 4: the curves run about 400 steps"),
     ("replay_m", 2, "the authors' run script (experience_replay_num=2)"),
     ("equal_updates", False, "the authors' code: mini-batches of 64 x n sequences"),
+    ("dynamic_sampling", False, "the authors' baseline: DAPO-nodyn-bs64, no dynamic sampling"),
+    ("max_gen_rounds", 10, "verl's DAPO recipe (max_num_gen_batches=10); off with the above"),
     ("phase2_prompts", "pool", "RLEP paper, phase two: trained on the pool's questions"),
     ("replay_loss", "group", "RLEP paper, phase two: one advantage over the n + m responses"),
     ("pool", "", "RLEP paper: phase two replays the pool phase one collected"),

@@ -82,7 +82,7 @@ def test_imitated_replays_take_no_advantage_and_their_loss_is_the_hand_computed_
         batch = machinery.collate(all_wrong[4:], 0, cpu)
         with torch.no_grad():
             before = (policy(batch) * batch["completion_mask"]).sum()
-        stats, _ = rlep.ppo_update(policy, optimizer, [all_wrong], 6, cfg, d, 0, seed=0)
+        stats, _ = rlep.ppo_update(policy, optimizer, {0: all_wrong}, 6, cfg, d, 0, seed=0)
         with torch.no_grad():
             after = (policy(batch) * batch["completion_mask"]).sum()
         if coef:

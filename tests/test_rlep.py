@@ -193,7 +193,7 @@ def test_phase_two_group_mixes_fresh_and_replayed_answers(tiny_model):
     cfg.lr = 0.0
     d = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
     policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
-    stats, _ = rlep.ppo_update(policy, optimizer, [group], 6, cfg, d, 0, seed=0)
+    stats, _ = rlep.ppo_update(policy, optimizer, {0: group}, 6, cfg, d, 0, seed=0)
     assert stats["ratio_mean"] == 1.0 and stats["clip_frac"] == 0.0 and stats["grad_norm"] > 0
 
 

@@ -34,6 +34,11 @@ def make_groups(num_prompts, n, seed, vocab=200):
     return groups
 
 
+def held(groups, rank, world):
+    """Rank `rank`'s groups of the list, {position: group}: positions rank, rank + world, ..."""
+    return {p: groups[p] for p in range(rank, len(groups), world)}
+
+
 def update(rank, world, port, model_path, cfg, groups, out):
     """One ppo_update on this rank's groups (positions rank, rank + world, ...); rank 0 saves the
     full weights."""
@@ -44,12 +49,12 @@ def update(rank, world, port, model_path, cfg, groups, out):
     d = rlep.Dist(world > 1, rank, world, cpu, rank == 0)
     policy, optimizer = rlep.build_policy(model_path, cfg, d)
     mini_batch = cfg.mini_batch_prompts * cfg.n
-    mine = copy.deepcopy(groups[rank::world])
+    mine = copy.deepcopy(held(groups, rank, world))
     stats, trained = rlep.ppo_update(policy, optimizer, mine, mini_batch, cfg, d, 0, seed=7)
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights = get_model_state_dict(policy.model, options=options)
     # rows another rank generated, trained here
-    received = len({id(s) for s in trained} - {id(s) for g in mine for s in g})
+    received = len({id(s) for s in trained} - {id(s) for g in mine.values() for s in g})
     if rank == 0:
         torch.save({"weights": weights, "stats": stats, "received": received}, out)
     # FSDP2's modules sit in reference cycles holding gloo's work objects: freed while the
@@ -122,7 +127,8 @@ def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, m
     monkeypatch.setattr(machinery, "collate", recording_collate)
     monkeypatch.setattr(rlep, "policy_loss", recording_loss)
     mini_batch = cfg.mini_batch_prompts * cfg.n
-    stats, _ = rlep.ppo_update(policy, optimizer, groups, mini_batch, cfg, d, 0, seed=1)
+    stats, _ = rlep.ppo_update(policy, optimizer, dict(enumerate(groups)), mini_batch, cfg, d, 0,
+                               seed=1)
     # per epoch: collate every micro-batch, then train on them in order
     assert len(old_used) == len(collated)
     seen = [id(s) for samples in collated for s in samples]
@@ -138,7 +144,8 @@ def test_resume_hands_torch_a_cpu_rng_state(tiny_model, tmp_path, monkeypatch):
     cfg = rlep.parse_config(["--preset", "tiny"])
     d = rlep.Dist(False, 0, 1, cpu, True)
     policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
-    rlep.ppo_update(policy, optimizer, make_groups(4, cfg.n, seed=2), 64, cfg, d, 0, seed=0)
+    rlep.ppo_update(policy, optimizer, dict(enumerate(make_groups(4, cfg.n, seed=2))), 64, cfg,
+                    d, 0, seed=0)
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     data.save_checkpoint(str(tmp_path), 1, policy, optimizer, tokenizer, cfg, d)
