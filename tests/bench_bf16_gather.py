@@ -25,6 +25,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import builtin  # noqa: E402
+import machinery  # noqa: E402
 import rlep  # noqa: E402
 from test_update import held, make_groups  # noqa: E402
 
@@ -39,7 +40,7 @@ def update(rank, world, port, model_path, cfg, groups, gathers, out):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
     if gathers == "fp32":
-        rlep.MixedPrecisionPolicy = lambda **kwargs: MixedPrecisionPolicy()
+        machinery.MixedPrecisionPolicy = lambda **kwargs: MixedPrecisionPolicy()
     d = rlep.Dist(world > 1, rank, world, cpu, rank == 0)
     policy, optimizer = rlep.build_policy(model_path, cfg, d)
     rlep.ppo_update(policy, optimizer, copy.deepcopy(held(groups, rank, world)),
