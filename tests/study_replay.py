@@ -40,6 +40,26 @@ against the plan's commit; forest.png, curves.png, compute.png.
         10 11 12 13 14 15 16 --dtype bfloat16 --out_dir runs/study-dynamic
     python tests/study_replay.py --study dynamic --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 9 \
         10 11 12 13 14 15 16 --dtype bfloat16 --out_dir runs/study-dynamic --report_only
+
+Across sittings (--archive DIR): runs/ is not kept, so once every run of a seed has finished,
+its run folders are copied into DIR under their names (DIR/seedS, DIR/seedS-A5, ...), reduced
+to what the report reads: config.json, timings.json, every part's metrics.jsonl, the
+collection's progress.jsonl (each row's id and tokens) and pool.jsonl (each prompt's id and its
+count of verified answers: no answer texts), the first start line of FOLDER.log, and
+archived.json, the mark; some 35-60 kB a seed on cpu-hard. The copy is written in a temporary
+folder and renamed in, the main folder last, so a stop leaves no seed half there. At the start
+(--report_only too), a seed asked for whose seedS is in DIR but not in --out_dir is copied in;
+an archived seed counts as finished and is never run nor resumed (its pool has no texts): an
+arm it lacks stops the study (leave the seed out, or move its archive away), and so does an
+archived run in another dtype or regime (nothing is moved). An archive is never replaced. The
+default DIR: docs/runs/study-dynamic with --study dynamic --preset cpu-hard (the plan's), else
+none (a smoke run on tiny keeps its archive out of the repository unless given one);
+--no-archive or --archive '' turns it off. After each sitting, commit it:
+
+    git add docs/runs/study-dynamic && git commit -m "study-dynamic: seeds ... archived"
+
+and the next sitting, from a fresh clone, runs the same command: the archived seeds are read
+back, the others run, and the report is made from both.
 """
 import argparse
 import collections
@@ -174,7 +194,7 @@ def set_aside_stale(runs: list, dtype: str, cfg, dynamic: bool = False):
     """Arms compare at one precision and in one regime: a run in another is renamed
     FOLDER.DTYPE (or FOLDER.old) and run again; if the seed's main run goes, so do the runs
     on its pool or its phase one (A6). dynamic: also check each run's dynamic sampling against
-    its flags' (--study dynamic)."""
+    its flags' (--study dynamic). A stale archived run stops it, before anything moves."""
     stale = {folder: stale_reason(folder, dtype, cfg,
                                   ("--dynamic_sampling" in flags) if dynamic else None)
              for folder, flags in runs}
@@ -183,6 +203,11 @@ def set_aside_stale(runs: list, dtype: str, cfg, dynamic: bool = False):
         for folder, flags in runs[1:]:
             if ("--pool" in flags or folder.endswith("-A6")) and os.path.exists(folder):
                 stale.setdefault(folder, "its pool is set aside")
+    for folder, why in stale.items():
+        if archived(folder):
+            raise SystemExit(f"{folder}: {why}, and it is an archived run (--archive), never "
+                             "set aside nor run again: run the study in its dtype and regime, "
+                             "or move its seed's archive away")
     for folder, why in stale.items():
         aside = f"{folder}.{run_dtype(folder) or dtype}"
         while os.path.exists(aside):
@@ -1192,6 +1217,196 @@ def drop_checkpoints(out: str, seed: int):
             shutil.rmtree(folder)
 
 
+# -----------------------------------------------------------------------------------------
+# The archive (--archive DIR): a finished seed's runs, reduced to what the report reads, kept
+# in the repository so that a study continues across sittings (the module's docstring)
+
+default_archive = "docs/runs/study-dynamic"  # --study dynamic --preset cpu-hard's, in the repo
+archive_mark = "archived.json"  # in every archived run folder: a reduced copy, never resumed
+
+
+def archived(folder: str) -> bool:
+    """Whether a run folder is an archived (reduced) copy: finished, never run or resumed."""
+    return os.path.isfile(os.path.join(folder, archive_mark))
+
+
+def jsonl_bytes(rows: list) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+def reduced_run(folder: str) -> dict:
+    """{path in the folder: bytes} of a finished run's archived copy: config.json, timings.json
+    and every part's metrics.jsonl as they are; the collection's progress.jsonl as its rows' id
+    and tokens, its pool.jsonl as each prompt's id and count of verified answers (no answer
+    texts); archived.json, the mark. A part that is a link (A6's phase one, the main run's)
+    is left out."""
+    files = {}
+    for name in ("config.json", "timings.json"):
+        files[name] = open(os.path.join(folder, name), "rb").read()
+    for path in sorted(glob.glob(os.path.join(folder, "*", "metrics.jsonl"))):
+        if not os.path.islink(os.path.dirname(path)):
+            files[os.path.relpath(path, folder)] = open(path, "rb").read()
+    collect = os.path.join(folder, "collect")
+    if os.path.isfile(os.path.join(collect, "progress.jsonl")):
+        files[os.path.join("collect", "progress.jsonl")] = jsonl_bytes(
+            [{"id": r["id"], "tokens": r.get("tokens", 0)}
+             for r in data.read_jsonl(os.path.join(collect, "progress.jsonl"))])
+    if os.path.isfile(os.path.join(collect, "pool.jsonl")):
+        files[os.path.join("collect", "pool.jsonl")] = jsonl_bytes(
+            [{"id": r["id"], "answers": len(r["responses"])}
+             for r in data.read_jsonl(os.path.join(collect, "pool.jsonl"))])
+    files[archive_mark] = json.dumps(
+        {"archived_by": "tests/study_replay.py --archive", "files": sorted(files),
+         "note": "the report's files only: the pool and the progress without their answers; "
+                 "an archived run counts as finished and is never run or resumed"},
+        indent=1).encode() + b"\n"
+    return files
+
+
+def start_line(folder: str) -> bytes:
+    """The run's first start line of FOLDER.log (study_replay.py's), b'' without one."""
+    if os.path.isfile(folder + ".log"):
+        for line in open(folder + ".log", errors="replace"):
+            if line.startswith(started_mark):
+                return line.rstrip("\n").encode() + b"\n"
+    return b""
+
+
+def seed_names(folder: str, seed: int) -> list:
+    """The names of seed S's run folders in a folder: seedS and seedS-* (not seedS0)."""
+    names = [os.path.basename(p) for p in glob.glob(os.path.join(folder, f"seed{seed}-*"))
+             if os.path.isdir(p)]
+    main = f"seed{seed}"
+    return ([main] if os.path.isdir(os.path.join(folder, main)) else []) + sorted(names)
+
+
+def held_files(folder: str, names: list) -> dict:
+    """{path: bytes} of the run folders `names` in `folder` and their logs."""
+    files = {}
+    for name in names:
+        for root, _, found in os.walk(os.path.join(folder, name)):
+            for f in found:
+                path = os.path.join(root, f)
+                files[os.path.relpath(path, folder)] = open(path, "rb").read()
+        if os.path.isfile(os.path.join(folder, name + ".log")):
+            files[name + ".log"] = open(os.path.join(folder, name + ".log"), "rb").read()
+    return files
+
+
+def move_in(source: str, names: list, target: str):
+    """Rename the run folders `names` (and their logs) from source into target, seedS (the
+    main folder) last: a seed is there once its main folder is. A run folder already in target
+    without its main folder is a stopped move's, and is replaced. If a rename fails, what was
+    moved goes back (the seed is not there), and the error is raised."""
+    order = [n for n in names if "-" in n] + [n for n in names if "-" not in n]
+    moved = []
+    try:
+        for name in order:
+            for item in (name + ".log", name):
+                if not os.path.exists(os.path.join(source, item)):
+                    continue
+                there = os.path.join(target, item)
+                if os.path.isdir(there):
+                    shutil.rmtree(there)
+                elif os.path.exists(there):
+                    os.remove(there)
+                os.rename(os.path.join(source, item), there)
+                moved.append(item)
+    except BaseException:
+        for item in reversed(moved):
+            os.rename(os.path.join(target, item), os.path.join(source, item))
+        raise
+
+
+def archive_seed(out: str, archive: str, seed: int, runs: list):
+    """A finished seed's runs, reduced (reduced_run), and each run's start line as FOLDER.log,
+    into archive under the same names; written in a temporary folder, then renamed in
+    (move_in). Nothing for a seed with a run unfinished, nor for one restored from the
+    archive; a seed archived already must be archived alike, else it stops (the archive is
+    never replaced). Returns the archived bytes, None if nothing was written."""
+    folders = [folder for folder, _ in runs]
+    if not all(finished(f) for f in folders):
+        print(f"seed {seed}: not archived, a run is unfinished", flush=True)
+        return None
+    if archived(folders[0]):
+        return None
+    files = {}
+    for folder in folders:
+        name = os.path.basename(folder)
+        files.update({os.path.join(name, k): v for k, v in reduced_run(folder).items()})
+        line = start_line(folder)
+        if line:
+            files[name + ".log"] = line
+    names = [os.path.basename(f) for f in folders]
+    size = sum(map(len, files.values()))
+    if os.path.isdir(os.path.join(archive, names[0])):
+        if held_files(archive, seed_names(archive, seed)) != files:
+            raise SystemExit(f"{os.path.join(archive, names[0])}: seed {seed} is archived with "
+                             f"other runs than {out}'s; an archive is never replaced: move "
+                             f"{archive}/seed{seed} and seed{seed}-* away to archive these")
+        print(f"seed {seed}: archived already in {archive}, alike", flush=True)
+        return None
+    os.makedirs(archive, exist_ok=True)
+    temporary = os.path.join(archive, f".seed{seed}.tmp")
+    shutil.rmtree(temporary, ignore_errors=True)  # a stopped write's
+    for path, content in files.items():
+        os.makedirs(os.path.dirname(os.path.join(temporary, path)), exist_ok=True)
+        open(os.path.join(temporary, path), "wb").write(content)
+    try:
+        move_in(temporary, names, archive)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+    print(f"seed {seed} archived in {archive}: {len(files)} files, {size / 1000:.1f} kB "
+          f"(commit it: git add {archive})", flush=True)
+    return size
+
+
+def restore_archived(out: str, archive: str, seeds: list) -> list:
+    """Copy each requested seed whose main folder is in the archive but not in out into out
+    (its run folders and logs: archived copies, never run or resumed); the seeds copied. A run
+    folder or log of the seed in out that is not an archived copy stops it (never replaced)."""
+    restored = []
+    for seed in seeds:
+        main = f"seed{seed}"
+        if os.path.exists(os.path.join(out, main)) or \
+                not os.path.isfile(os.path.join(archive, main, archive_mark)):
+            continue
+        names = seed_names(archive, seed)
+        clash = [item for name in names for item in (name, name + ".log")
+                 if os.path.exists(os.path.join(out, item))
+                 and not archived(os.path.join(out, name))]
+        if clash:
+            raise SystemExit(f"{os.path.join(out, clash[0])}: seed {seed} is archived in "
+                             f"{archive}, and out_dir holds this run of it: move it away")
+        temporary = os.path.join(out, f".seed{seed}.tmp")
+        shutil.rmtree(temporary, ignore_errors=True)
+        os.makedirs(temporary)
+        for name in names:
+            shutil.copytree(os.path.join(archive, name), os.path.join(temporary, name))
+            if os.path.isfile(os.path.join(archive, name + ".log")):
+                shutil.copy2(os.path.join(archive, name + ".log"), temporary)
+        move_in(temporary, names, out)
+        os.rmdir(temporary)
+        restored.append(seed)
+    if restored:
+        print(f"seeds {restored} from the archive {archive}: finished, never run again",
+              flush=True)
+    return restored
+
+
+def check_archived(seed: int, runs: list, archive: str):
+    """An archived seed runs nothing: each of its runs asked for must be archived too."""
+    if not archived(runs[0][0]):
+        return
+    main = runs[0][0]
+    for folder, _ in runs[1:]:
+        if not archived(folder):
+            arm = folder[len(main) + 1:]
+            raise SystemExit(f"seed {seed}: archived ({archive or 'restored'}) without arm "
+                             f"{arm} ({os.path.basename(folder)}), and an archived seed is "
+                             f"never run again: leave seed {seed} out or move its archive away")
+
+
 def seed_runs(args, out: str, seed: int, settings: list, cfg) -> list:
     """The seed's runs of the study asked for (runs_of, dynamic_runs_of)."""
     if args.study == "dynamic":
@@ -1220,13 +1435,23 @@ def main():
     parser.add_argument("--with_a6", action="store_true",
                         help="also A6, the pool at T = 1.0 (dropped by the plan)")
     parser.add_argument("--report_only", action="store_true")
+    parser.add_argument("--archive", default=None,
+                        help="a finished seed's runs, reduced, kept here (commit it) and read "
+                             f"back in a later sitting; default: {default_archive} with --study "
+                             "dynamic --preset cpu-hard, else none; '' or --no-archive: none")
+    parser.add_argument("--no-archive", dest="archive", action="store_const", const="")
     args = parser.parse_args()
     dynamic = args.study == "dynamic"
     name = f"study-dynamic-{args.preset}" if dynamic else f"study-{args.preset}"
     out = args.out_dir or os.path.join("runs", name)
+    archive = args.archive
+    if archive is None and dynamic and args.preset == "cpu-hard":
+        archive = os.path.join(repo, default_archive)
     if dynamic and not args.report_only and not hasattr(rlep.Config, "dynamic_sampling"):
         raise SystemExit("--study dynamic: this rlep.py has no --dynamic_sampling")
     os.makedirs(out, exist_ok=True)
+    if archive:
+        restore_archived(out, archive, args.seeds)
     settings = ["--preset", args.preset, "--val_k", str(args.val_k),
                 "--val_every", str(args.val_every)]
     cfg = rlep.parse_config(settings)
@@ -1245,6 +1470,8 @@ def main():
         settings += ["--dtype", choice.dtype]
         cfg = rlep.parse_config(settings)
         for seed in args.seeds:
+            check_archived(seed, seed_runs(args, out, seed, settings, cfg), archive)
+        for seed in args.seeds:
             set_aside_stale(seed_runs(args, out, seed, settings, cfg), choice.dtype, cfg,
                             dynamic)
         expected = expected_seconds(out, {s: seed_runs(args, out, s, settings, cfg)
@@ -1255,9 +1482,11 @@ def main():
         for seed in args.seeds:
             runs = seed_runs(args, out, seed, [*settings, "--seed", str(seed)], cfg)
             for folder, flags in runs:
-                if not finished(folder):
+                if not finished(folder) and not archived(folder):
                     run(folder, flags, runs[0][0])
             drop_checkpoints(out, seed)
+            if archive:
+                archive_seed(out, archive, seed, runs)
             print(f"seed {seed} done after {(time.time() - start) / 60:.0f} min", flush=True)
     if dynamic:
         report_dynamic(out, args.seeds, args.family_seeds, cfg)

@@ -4,10 +4,13 @@ mechanism on matched prompts and the compute charges, from metrics.jsonl files w
 No model, a few seconds.
 Run: python -m pytest -q tests/test_study.py"""
 import dataclasses
+import glob
 import json
 import math
 import os
+import shutil
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -367,11 +370,9 @@ def test_a_runs_start_is_the_logged_one_else_a_files_mtime(tmp_path):
     assert study.run_started(str(tmp_path / "none"))[1] == "not started"
 
 
-def test_the_dynamic_report_on_synthetic_runs(tmp_path):
-    """Seeds 1 and 2 with A1, A3, A5, A7, A8; seed 3 with A1, A3, A5 only: the family over 1
-    and 2, A3 - A5 over all three; curves in x, metering and the seed-1 check by hand."""
-    cfg = study.rlep.parse_config(["--preset", "tiny", "--val_k", "4", "--val_every", "2"])
-    out = str(tmp_path)
+def synthetic_dynamic(out):
+    """--study dynamic's runs by hand: seeds 1 and 2 with A1, A3, A5, A7, A8; seed 3 with A1, A3,
+    A5 (metrics, config.json with the dtype only, the collection)."""
     kinds = {"val_acc/x": 0.1, "val_acc/y": 0.3}
     level = {1: {"A1": (.20, .24), "A3": (.26, .30), "A5": (.25, .28), "A7": (.22, .27),
                  "A8": (.29, .33)},
@@ -400,6 +401,14 @@ def test_the_dynamic_report_on_synthetic_runs(tmp_path):
             write_part(main + suffix, part, a3 if arm in ("A3", "A5", "A8") else a2,
                        {0: 0.1, 2: at2, 4: at4}, kinds, extra)
         write_collection(main, tried=10)
+
+
+def test_the_dynamic_report_on_synthetic_runs(tmp_path):
+    """Seeds 1 and 2 with A1, A3, A5, A7, A8; seed 3 with A1, A3, A5 only: the family over 1
+    and 2, A3 - A5 over all three; curves in x, metering and the seed-1 check by hand."""
+    cfg = study.rlep.parse_config(["--preset", "tiny", "--val_k", "4", "--val_every", "2"])
+    out = str(tmp_path)
+    synthetic_dynamic(out)
     (tmp_path / "seed1.log").write_text(study.started_mark + "2020-01-05T09:00:00Z\n")
     results = study.report_dynamic(out, [1, 2, 3], [1, 2, 3], cfg)
     assert results["family_seeds"] == [1, 2] and results["a3_a5_seeds"] == [1, 2, 3]
@@ -502,3 +511,191 @@ def test_a_finished_seeds_checkpoints_go_not_seed_10s(tmp_path):
     assert left == ["seed1-A7/phase1/metrics.jsonl", "seed1/phase1/metrics.jsonl",
                     "seed10-A5/phase1/metrics.jsonl", "seed10-A5/phase1/step_000002",
                     "seed10/phase1/metrics.jsonl", "seed10/phase1/step_000002"]
+
+
+# --archive: a finished seed kept small in the repository, read back in a later sitting -----
+
+tiny = ["--preset", "tiny", "--val_k", "4", "--val_every", "2"]
+
+
+def finish_dynamic(out, dtype="float32"):
+    """synthetic_dynamic's runs as a finished study leaves them: the study's config.json, a
+    timings.json, a log with two starts, samples and a checkpoint in each part, answer texts in
+    the pool and the progress."""
+    cfg = study.rlep.parse_config(tiny + ["--dtype", "float32"])
+    config = {**{k: getattr(cfg, k) for k in study.regime_keys}, "dtype": dtype,
+              "max_gen_rounds": getattr(cfg, "max_gen_rounds", None)}
+    for seed in (1, 2, 3):
+        for folder, flags in study.dynamic_runs_of(out, seed, [], family_seed=seed < 3):
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump({**config, "dynamic_sampling": "--dynamic_sampling" in flags}, f)
+            with open(os.path.join(folder, "timings.json"), "w") as f:
+                json.dump({"total_s": 10.0 + seed, "parts_s": {}, "processes": 1}, f)
+            with open(folder + ".log", "w") as f:
+                f.write(f"{study.started_mark}2026-12-0{seed}T10:00:00Z\nrlep: step 1\n"
+                        f"{study.started_mark}2026-12-0{seed}T11:00:00Z\n")
+            for part in glob.glob(os.path.join(folder, "phase*")):
+                os.makedirs(os.path.join(part, "step_000004"))
+                with open(os.path.join(part, "step_000004", "model.bin"), "wb") as f:
+                    f.write(b"x" * 1000)
+                with open(os.path.join(part, "samples.jsonl"), "w") as f:
+                    f.write(json.dumps({"step": 1, "response": "2 + 2 = 4"}) + "\n")
+        collect = os.path.join(out, f"seed{seed}", "collect")
+        with open(os.path.join(collect, "progress.jsonl"), "w") as f:
+            f.writelines(json.dumps({"id": f"q{i}", "successes": ["4", "four"], "tokens": 100})
+                         + "\n" for i in range(10))
+
+
+def tree(folder):
+    """{path: bytes} of every file under folder."""
+    return {os.path.relpath(os.path.join(root, f), folder):
+            open(os.path.join(root, f), "rb").read()
+            for root, _, files in os.walk(folder) for f in files}
+
+
+def archive_all(out, archive):
+    for seed in (1, 2, 3):
+        study.archive_seed(out, archive, seed, study.dynamic_runs_of(out, seed, [], seed < 3))
+
+
+def run_main(monkeypatch, out, archive, *more, dtype="float32"):
+    """study_replay.py --study dynamic on tiny, seeds 1-3, the family 1 and 2, with `run`, the
+    model and the dtype's measure patched; the folders `run` was called for."""
+    calls = []
+    monkeypatch.setattr(study, "run", lambda folder, flags, main: calls.append(folder))
+    monkeypatch.setattr(study.builtin, "resolve_model", lambda *a, **k: "model")
+    monkeypatch.setattr(study.builtin, "resolve_dtype", lambda *a, **k: types.SimpleNamespace(
+        dtype=dtype, why="measured (a test)", gflops={}))
+    monkeypatch.setattr(sys, "argv", ["study_replay.py", "--study", "dynamic", *tiny,
+                                      "--seeds", "1", "2", "3", "--family_seeds", "1", "2",
+                                      "--out_dir", str(out), "--archive", str(archive), *more])
+    study.main()
+    return calls
+
+
+def test_an_archived_seed_holds_the_reports_files_only_and_gives_its_report(tmp_path, capsys):
+    cfg = study.rlep.parse_config(tiny)
+    full, archive, again = (str(tmp_path / name) for name in ("full", "archive", "again"))
+    synthetic_dynamic(full)
+    finish_dynamic(full)
+    archive_all(full, archive)
+    assert "seed 1 archived in" in capsys.readouterr().out
+    run_files = ["archived.json", "config.json", "timings.json"]
+    expected = []
+    for seed in (1, 2, 3):
+        main = f"seed{seed}"
+        expected += [f"{main}.log", f"{main}/collect/pool.jsonl", f"{main}/collect/progress.jsonl",
+                     f"{main}/phase1/metrics.jsonl", f"{main}/phase2/metrics.jsonl",
+                     *(f"{main}/{f}" for f in run_files)]
+        for arm, part in (("A5", "phase2"), ("A7", "phase1"), ("A8", "phase2"))[:3 if seed < 3
+                                                                                 else 1]:
+            expected += [f"{main}-{arm}.log", f"{main}-{arm}/{part}/metrics.jsonl",
+                         *(f"{main}-{arm}/{f}" for f in run_files)]
+    held = tree(archive)
+    assert sorted(held) == sorted(expected)
+    rows = lambda path: [json.loads(line) for line in held[path].decode().splitlines()]  # noqa
+    assert rows("seed1/collect/pool.jsonl") == [{"id": p, "answers": 2} for p in ("p1", "p2", "p3")]
+    assert rows("seed1/collect/progress.jsonl") == [{"id": f"q{i}", "tokens": 100}
+                                                    for i in range(10)]
+    assert held["seed2-A7.log"] == f"{study.started_mark}2026-12-02T10:00:00Z\n".encode()
+    assert held["seed1/phase1/metrics.jsonl"] == \
+        open(os.path.join(full, "seed1", "phase1", "metrics.jsonl"), "rb").read()
+    assert sum(map(len, held.values())) < 40_000
+    # the report from the archive alone, as the run folders give it
+    assert study.restore_archived(again, archive, [1, 2, 3]) == [1, 2, 3]
+    assert tree(archive) == held
+    reports = [study.report_dynamic(out, [1, 2, 3], [1, 2], cfg) for out in (full, again)]
+    tables = [open(os.path.join(out, "table.md")).read().split("\n") for out in (full, again)]
+    assert tables[0][1:] == tables[1][1:] and "| A7 | seed1-A7 | 2026-12-01T10:00:00Z" \
+        in "\n".join(tables[1])
+    saved = [json.load(open(os.path.join(out, "results.json"))) for out in (full, again)]
+    for results in reports + saved:
+        results.pop("provenance")
+    assert json.dumps(reports[0], default=float) == json.dumps(reports[1], default=float)
+    assert saved[0] == saved[1]
+    pytest.importorskip("matplotlib")
+    for figure in ("forest.png", "curves.png", "compute.png"):
+        assert open(os.path.join(full, figure), "rb").read() == \
+            open(os.path.join(again, figure), "rb").read()
+
+
+def test_the_runner_archives_a_finished_seed_not_a_partial_one(tmp_path, monkeypatch):
+    out, archive = tmp_path / "out", tmp_path / "archive"
+    synthetic_dynamic(str(out))
+    finish_dynamic(str(out))
+    os.remove(out / "seed1-A8" / "timings.json")
+    calls = run_main(monkeypatch, out, archive)
+    # the patched run leaves A8 unfinished: seed 1 is not archived, seeds 2 and 3 are
+    assert calls == [str(out / "seed1-A8")]
+    assert sorted(os.listdir(archive)) == ["seed2", "seed2-A5", "seed2-A5.log", "seed2-A7",
+                                           "seed2-A7.log", "seed2-A8", "seed2-A8.log",
+                                           "seed2.log", "seed3", "seed3-A5", "seed3-A5.log",
+                                           "seed3.log"]
+    assert study.archive_seed(str(out), str(archive), 1,
+                              study.dynamic_runs_of(str(out), 1, [], True)) is None
+    assert not glob.glob(str(out / "*" / "phase*" / "step_*"))
+
+
+def test_a_restored_seed_is_never_run_nor_archived_again(tmp_path, monkeypatch):
+    full, archive, out = tmp_path / "full", tmp_path / "archive", tmp_path / "out"
+    synthetic_dynamic(str(full))
+    finish_dynamic(str(full))
+    archive_all(str(full), str(archive))
+    held = tree(archive)
+    for sitting in range(2):  # restored, then read from out as restored copies
+        assert run_main(monkeypatch, out, archive) == []
+        assert study.archived(str(out / "seed1-A8")) and (out / "table.md").is_file()
+        assert tree(archive) == held
+
+
+def test_a_missing_archived_arm_stops_the_study(tmp_path, monkeypatch):
+    full, archive, out = tmp_path / "full", tmp_path / "archive", tmp_path / "out"
+    synthetic_dynamic(str(full))
+    finish_dynamic(str(full))
+    archive_all(str(full), str(archive))
+    # seed 3 was archived outside the family: asked for in it, its A7 would run again
+    with pytest.raises(SystemExit, match=r"^seed 3: archived .* without arm A7 \(seed3-A7\)"):
+        run_main(monkeypatch, out, archive, "--family_seeds", "1", "2", "3")
+    assert not glob.glob(str(out / "*.float32"))
+
+
+def test_a_stale_archived_run_stops_and_nothing_moves(tmp_path, monkeypatch):
+    full, archive, out = tmp_path / "full", tmp_path / "archive", tmp_path / "out"
+    synthetic_dynamic(str(full))
+    finish_dynamic(str(full))
+    archive_all(str(full), str(archive))
+    held = tree(archive)
+    with pytest.raises(SystemExit, match="seed1: not in bfloat16, and it is an archived run"):
+        run_main(monkeypatch, out, archive, dtype="bfloat16")
+    assert tree(archive) == held
+    assert sorted(os.listdir(out)) == sorted(os.listdir(archive))
+
+
+def test_an_interrupted_archive_write_leaves_no_seed(tmp_path, monkeypatch):
+    full, archive = str(tmp_path / "full"), str(tmp_path / "archive")
+    synthetic_dynamic(full)
+    finish_dynamic(full)
+    runs = study.dynamic_runs_of(full, 1, [], True)
+    rename, targets = os.rename, []
+
+    def failing(source, target):
+        targets.append(os.path.relpath(target, archive))
+        if target == os.path.join(archive, "seed1"):
+            raise OSError("stopped")
+        rename(source, target)
+    monkeypatch.setattr(study.os, "rename", failing)
+    with pytest.raises(OSError, match="stopped"):
+        study.archive_seed(full, archive, 1, runs)
+    # the main folder is renamed in last; the arms moved back, the temporary folder gone
+    assert targets[:7] == ["seed1-A5.log", "seed1-A5", "seed1-A7.log", "seed1-A7",
+                           "seed1-A8.log", "seed1-A8", "seed1.log"]
+    assert targets[7] == "seed1" and os.listdir(archive) == []
+    monkeypatch.setattr(study.os, "rename", rename)
+    # a write killed between the renames leaves arms without their main folder: not a seed
+    study.archive_seed(full, archive, 1, runs)
+    held = tree(archive)
+    shutil.rmtree(os.path.join(archive, "seed1"))
+    os.remove(os.path.join(archive, "seed1.log"))
+    assert study.restore_archived(str(tmp_path / "out"), archive, [1]) == []
+    study.archive_seed(full, archive, 1, runs)
+    assert tree(archive) == held
