@@ -558,6 +558,15 @@ def archive_all(out, archive):
         study.archive_seed(out, archive, seed, study.dynamic_runs_of(out, seed, [], seed < 3))
 
 
+def archived_study(tmp_path):
+    """A finished synthetic dynamic study archived: (the archive, an empty out_dir)."""
+    full, archive = tmp_path / "full", tmp_path / "archive"
+    synthetic_dynamic(str(full))
+    finish_dynamic(str(full))
+    archive_all(str(full), str(archive))
+    return archive, tmp_path / "out"
+
+
 def run_main(monkeypatch, out, archive, *more, dtype="float32"):
     """study_replay.py --study dynamic on tiny, seeds 1-3, the family 1 and 2, with `run`, the
     model and the dtype's measure patched; the folders `run` was called for."""
@@ -637,10 +646,7 @@ def test_the_runner_archives_a_finished_seed_not_a_partial_one(tmp_path, monkeyp
 
 
 def test_a_restored_seed_is_never_run_nor_archived_again(tmp_path, monkeypatch):
-    full, archive, out = tmp_path / "full", tmp_path / "archive", tmp_path / "out"
-    synthetic_dynamic(str(full))
-    finish_dynamic(str(full))
-    archive_all(str(full), str(archive))
+    archive, out = archived_study(tmp_path)
     held = tree(archive)
     for sitting in range(2):  # restored, then read from out as restored copies
         assert run_main(monkeypatch, out, archive) == []
@@ -649,10 +655,7 @@ def test_a_restored_seed_is_never_run_nor_archived_again(tmp_path, monkeypatch):
 
 
 def test_a_missing_archived_arm_stops_the_study(tmp_path, monkeypatch):
-    full, archive, out = tmp_path / "full", tmp_path / "archive", tmp_path / "out"
-    synthetic_dynamic(str(full))
-    finish_dynamic(str(full))
-    archive_all(str(full), str(archive))
+    archive, out = archived_study(tmp_path)
     # seed 3 was archived outside the family: asked for in it, its A7 would run again
     with pytest.raises(SystemExit, match=r"^seed 3: archived .* without arm A7 \(seed3-A7\)"):
         run_main(monkeypatch, out, archive, "--family_seeds", "1", "2", "3")
@@ -660,10 +663,7 @@ def test_a_missing_archived_arm_stops_the_study(tmp_path, monkeypatch):
 
 
 def test_a_stale_archived_run_stops_and_nothing_moves(tmp_path, monkeypatch):
-    full, archive, out = tmp_path / "full", tmp_path / "archive", tmp_path / "out"
-    synthetic_dynamic(str(full))
-    finish_dynamic(str(full))
-    archive_all(str(full), str(archive))
+    archive, out = archived_study(tmp_path)
     held = tree(archive)
     with pytest.raises(SystemExit, match="seed1: not in bfloat16, and it is an archived run"):
         run_main(monkeypatch, out, archive, dtype="bfloat16")
