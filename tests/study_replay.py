@@ -778,15 +778,24 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
     return results
 
 
-def plot(out: str, steps, results: dict, names: dict):
-    """forest.png (the main figure: the family's paired contrasts, the matched mechanism)
-    and curves.png."""
+def pyplot():
+    """matplotlib's pyplot on the Agg backend, or None (said) without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return print("no plot: matplotlib is not installed")
+        print("no plot: matplotlib is not installed")
+        return None
+    return plt
+
+
+def plot(out: str, steps, results: dict, names: dict):
+    """forest.png (the main figure: the family's paired contrasts, the matched mechanism)
+    and curves.png."""
+    plt = pyplot()
+    if plt is None:
+        return
     rows = results["contrasts"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.45 * len(rows) + 2),
                                       layout="constrained", width_ratios=[3, 2])
@@ -1165,12 +1174,9 @@ def start_lines(out: str, seeds: list, family_seeds: list, names: dict,
 def plot_dynamic(out: str, steps, results: dict, names: dict):
     """forest.png (the family's 6 contrasts and A3 - A5's 2), curves.png and compute.png
     (accuracy against the responses generated from π_θ0)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return print("no plot: matplotlib is not installed")
+    plt = pyplot()
+    if plt is None:
+        return
     avg = f"avg@{results['val_k']}"
     family_rows, a3_a5 = results.get("contrasts", []), results.get("a3_a5", [])
     rows = family_rows + a3_a5
