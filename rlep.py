@@ -823,9 +823,8 @@ def main(argv=None):
         raise UserError(f"--model_path {e}") from None
     # every rank has the model before rank 0 reads it
     barrier(d)
-    # rank 0 checks what the command reads (the run,
-    # the model, each row, the pool, the disk); every
-    # rank gets the saved config or rank 0's refusal
+    # rank 0 checks the run, the model, each row, the pool
+    # and the disk; every rank gets its config or refusal
     checked = {}  # rank 0's, the rows it read too
     saved = rank0_decides(lambda: check_start(cfg, model_path, d.world_size, checked), d)
     if cfg.dtype == "auto" and "dtype" in saved:
@@ -864,10 +863,8 @@ def main(argv=None):
             phase_two(cfg, given_pool, train_rows, engine, tokenizer, end_id, model_path, d,
                       val_rows)  # RLEP
     finally:
-        # before the process group goes: vLLM tears down its own groups
+        # vLLM's groups, torchrun's too (else at exit, below)
         engine.shutdown()
-        if dist.is_initialized():
-            dist.destroy_process_group()
 
     total = time.perf_counter() - started
     spent = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
@@ -897,3 +894,7 @@ if __name__ == "__main__":
             line = stop_line(str(e) or "Ctrl-C", parse_config(), sys.argv[1:], stage[0])
             print(line, file=sys.stderr)
         sys.exit(143 if str(e) == "SIGTERM" else 130)
+    finally:
+        # every exit, a refusal's too: a gloo thread left running aborts it
+        if dist.is_initialized():
+            dist.destroy_process_group()
