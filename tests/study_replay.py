@@ -15,8 +15,8 @@ The report: per arm the curve, peak and final; the paired contrasts (peak and fi
 mechanism on matched prompts; per-kind finals; the compute every arm needs; forest.png (the
 main figure) and curves.png. A run that finished (its timings.json) is reused, one cut short is
 resumed, so a stopped study continues where it stopped; a run in another dtype or regime is set
-aside and run again. It prints its expected time at the start. A finished seed's checkpoints
-are deleted (their metrics stay).
+aside and run again. It prints its expected time at the start. A finished run's checkpoints
+are deleted (its metrics stay).
 
     python tests/study_replay.py --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 --dtype bfloat16 \
         --out_dir runs/study-cpu-hard-offpolicy
@@ -41,25 +41,32 @@ against the plan's commit; forest.png, curves.png, compute.png.
     python tests/study_replay.py --study dynamic --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 9 \
         10 11 12 13 14 15 16 --dtype bfloat16 --out_dir runs/study-dynamic --report_only
 
-Across sittings (--archive DIR): runs/ is not kept, so once every run of a seed has finished,
-its run folders are copied into DIR under their names (DIR/seedS, DIR/seedS-A5, ...), reduced
-to what the report reads: config.json, timings.json, every part's metrics.jsonl, the
-collection's progress.jsonl (each row's id and tokens) and pool.jsonl (each prompt's id and its
-count of verified answers: no answer texts), the first start line of FOLDER.log, and
-archived.json, the mark; some 35-60 kB a seed on cpu-hard. The copy is written in a temporary
-folder and renamed in, the main folder last, so a stop leaves no seed half there. At the start
-(--report_only too), a seed asked for whose seedS is in DIR but not in --out_dir is copied in;
-an archived seed counts as finished and is never run nor resumed (its pool has no texts): an
-arm it lacks stops the study (leave the seed out, or move its archive away), and so does an
-archived run in another dtype or regime (nothing is moved). An archive is never replaced. The
-default DIR: docs/runs/study-dynamic with --study dynamic --preset cpu-hard (the plan's), else
-none (a smoke run on tiny keeps its archive out of the repository unless given one);
---no-archive or --archive '' turns it off. After each sitting, commit it:
+Across sittings (--archive DIR): runs/ is not kept, so each run, as soon as it has finished, is
+copied into DIR under its name (DIR/seedS, DIR/seedS-A5, ...), reduced to what the report
+reads: config.json, timings.json, every part's metrics.jsonl, the collection's progress.jsonl
+(each row's id and tokens) and pool.jsonl, the first start line of FOLDER.log, and
+archived.json, the mark. The pool stays whole (its answer texts; the mark's "pool": "full")
+while a run on it (--pool: A5, A8) is not archived, so that a later sitting runs that arm from
+it; once every one is, it becomes each prompt's id and its count of verified answers ("pool":
+"reduced"): the one replacement the archive allows, derived from the full file there, written
+beside it and renamed over it, then its mark likewise. Some 35-60 kB a seed on cpu-hard (more
+while its pool is full). Each run is written in a temporary folder and renamed in, so a
+stop leaves no run half there. At the start (--report_only too), the archived runs of the
+seeds asked for that --out_dir lacks are copied in; an archived run counts as finished and is
+never run nor resumed, the others run as usual (an arm on an archived pool reads it there). A
+run still to do on a reduced pool stops the study (leave the seed out, or move its archive
+away), and so do an archived run in another dtype or regime, and a run in --out_dir that the
+archive holds otherwise (nothing is moved). The default DIR: docs/runs/study-dynamic with
+--study dynamic --preset cpu-hard (the plan's), else none (a smoke run on tiny keeps its
+archive out of the repository unless given one); --no-archive or --archive '' turns it off.
+After each sitting, commit it:
 
-    git add docs/runs/study-dynamic && git commit -m "study-dynamic: seeds ... archived"
+    git add docs/runs/study-dynamic && git commit -m "study-dynamic: runs ... archived"
 
-and the next sitting, from a fresh clone, runs the same command: the archived seeds are read
-back, the others run, and the report is made from both.
+and the next sitting, from a fresh clone, runs the same command: the archived runs are read
+back, the others run, and the report is made from both. A run's start line names its machine
+(the CPU, and whether its bf16 is native or emulated); the report lists each kind of run's
+machines, and the seeds whose runs ran on more than one.
 """
 import argparse
 import collections
@@ -67,6 +74,7 @@ import glob
 import json
 import math
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -229,7 +237,7 @@ def run(folder: str, flags: list, main_folder: str):
     print(" ".join(command), flush=True)
     with open(folder + ".log", "a") as log:
         # rlep.py writes no time: the report's evidence that the plan came first
-        log.write(f"{started_mark}{utc(time.time())}\n")
+        log.write(f"{started_mark}{utc(time.time())} on {machine()}\n")
         log.flush()
         done = subprocess.run(command, cwd=repo, stdout=log, stderr=subprocess.STDOUT)
     if done.returncode != 0:
@@ -242,6 +250,26 @@ def utc(seconds: float) -> str:
 
 
 started_mark = "study_replay.py: run started at "  # the first line of a run's log
+
+
+def machine(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """'CPU (bf16 KIND)' of this machine, for a run's start line: the first model name of
+    cpuinfo (else platform.processor(), else 'unknown CPU'), and KIND 'native: amx' or
+    'native: avx512_bf16' by its flags, else 'emulated' (slower than float32): runs of one seed
+    on two machines differ in bf16's rounding and in time."""
+    name, flags = "", []
+    try:
+        for line in open(cpuinfo, errors="replace"):
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not name:
+                name = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = value.split()
+    except OSError:
+        pass
+    kind = ("native: amx" if "amx_bf16" in flags else
+            "native: avx512_bf16" if "avx512_bf16" in flags else "emulated")
+    return f"{name or platform.processor() or 'unknown CPU'} (bf16 {kind})"
 
 
 def expected_seconds(out: str, seed_runs: dict, preset: str) -> float:
@@ -944,15 +972,28 @@ def seed1_check(pool_size: int, measured: dict, reference: dict = offpolicy_seed
     return "reproduces to the digit" if not differ else "differs: " + "; ".join(differ)
 
 
+def first_start(folder: str) -> str:
+    """What follows started_mark on the first start line of FOLDER.log: 'TIME on MACHINE'
+    (machine()), or 'TIME' in a log from before the machine was logged; '' without one."""
+    if os.path.isfile(folder + ".log"):
+        for line in open(folder + ".log", errors="replace"):
+            if line.startswith(started_mark):
+                return line[len(started_mark):].rstrip("\n")
+    return ""
+
+
+def run_machine(folder: str) -> str:
+    """The machine of a run's first start (machine()), '' if its log does not say."""
+    return first_start(folder).partition(" on ")[2].strip()
+
+
 def run_started(folder: str) -> tuple:
     """(UTC time, how it is known) of a run's first start: study_replay.py's line in its log;
     else the earliest modification time of its config.json and metrics.jsonl files, a time of
     their last write, so later than the start (rlep.py writes no time)."""
-    log = folder + ".log"
-    if os.path.isfile(log):
-        for line in open(log, errors="replace"):
-            if line.startswith(started_mark):
-                return line[len(started_mark):].strip(), "logged"
+    logged = first_start(folder)
+    if logged:
+        return logged.split(" on ", 1)[0].strip(), "logged"
     paths = [os.path.join(folder, "config.json"), *glob.glob(os.path.join(folder, "*",
                                                                           "metrics.jsonl"))]
     times = [os.path.getmtime(p) for p in paths if os.path.isfile(p)]
@@ -1065,6 +1106,7 @@ def report_dynamic(out: str, seeds: list, family_seeds: list, cfg) -> dict:
         lines += dynamic_family_sections(out, found, family_at, cfg, names, per_point, avg,
                                          results)
     lines += start_lines(out, seeds, family_seeds, names, results)
+    lines += machine_lines(out, seeds, family_seeds, names, results)
     write_report(out, lines, results)
     plot_dynamic(out, steps, results, names)
     return results
@@ -1171,6 +1213,40 @@ def start_lines(out: str, seeds: list, family_seeds: list, names: dict,
     return lines
 
 
+def machine_lines(out: str, seeds: list, family_seeds: list, names: dict,
+                  results: dict) -> list[str]:
+    """The machines that ran each kind of run (a run's: its first start's, as logged), and the
+    seeds whose runs ran on more than one: with a per-run archive a seed's runs may span
+    sittings, and bf16 rounds (and times) differently where it is emulated."""
+    kinds = {}  # folder suffix -> its arms (the main run's: A1 and A3)
+    for arm, (_, suffix, _) in names.items():
+        kinds.setdefault(suffix, []).append(arm)
+    lines = ["", "The machines that ran the runs (each run's first start, as FOLDER.log logged "
+             "it; 'not logged': a run started before the machine was):", "",
+             "| runs | arms | of them | machines (runs) |", "|---" * 4 + "|"]
+    results["machines"] = {}
+    per_seed = collections.defaultdict(set)
+    for suffix, arms_of in kinds.items():
+        own = [s for s in seeds if arms_of[0] not in ("A7", "A8") or s in family_seeds]
+        count = collections.Counter()
+        for s in own:
+            folder = os.path.join(out, f"seed{s}{suffix}")
+            if os.path.isdir(folder):
+                where = run_machine(folder)
+                count[where or "not logged"] += 1
+                if where:
+                    per_seed[s].add(where)
+        results["machines"][f"seedS{suffix}"] = dict(sorted(count.items()))
+        lines.append(f"| seedS{suffix} | {', '.join(arms_of)} | {sum(count.values())} | "
+                     + "; ".join(f"{m}: {c}" for m, c in sorted(count.items())) + " |")
+    mixed = sorted(s for s, where in per_seed.items() if len(where) > 1)
+    results["seeds_on_several_machines"] = mixed
+    lines += ["", f"Seeds whose runs ran on more than one machine: {len(mixed)} of the "
+              f"{len(per_seed)} with a logged machine"
+              + (f" (seeds {', '.join(map(str, mixed))})." if mixed else ".")]
+    return lines
+
+
 def plot_dynamic(out: str, steps, results: dict, names: dict):
     """forest.png (the family's 6 contrasts and A3 - A5's 2), curves.png and compute.png
     (accuracy against the responses generated from π_θ0)."""
@@ -1223,9 +1299,20 @@ def drop_checkpoints(out: str, seed: int):
             shutil.rmtree(folder)
 
 
+def drop_run_checkpoints(folder: str, runs: list):
+    """A finished run's step_NNNNNN folders (its metrics, pool and log stay), but the main
+    run's phase one while an A6 of its seed, which collects from that checkpoint, is
+    unfinished."""
+    keep = folder == runs[0][0] and any(f.endswith("-A6") and not finished(f) for f, _ in runs)
+    for step in glob.glob(os.path.join(folder, "phase*", "step_*")):
+        part = os.path.dirname(step)
+        if not os.path.islink(part) and not (keep and os.path.basename(part) == "phase1"):
+            shutil.rmtree(step)
+
+
 # -----------------------------------------------------------------------------------------
-# The archive (--archive DIR): a finished seed's runs, reduced to what the report reads, kept
-# in the repository so that a study continues across sittings (the module's docstring)
+# The archive (--archive DIR): each finished run, reduced to what the report reads, kept in
+# the repository so that a study continues across sittings (the module's docstring)
 
 default_archive = "docs/runs/study-dynamic"  # --study dynamic --preset cpu-hard's, in the repo
 archive_mark = "archived.json"  # in every archived run folder: a reduced copy, never resumed
@@ -1236,16 +1323,52 @@ def archived(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, archive_mark))
 
 
+def archived_pool(folder: str) -> str:
+    """The form of an archived run's collect/pool.jsonl by its mark: 'full' (the answer texts,
+    for an arm still to run on it), 'reduced', or '' without a pool. A mark without the key is
+    a whole seed's archive's, whose pools were all reduced; a pool without texts is reduced
+    whatever its mark says (a stopped reduce_pool's)."""
+    path = os.path.join(folder, "collect", "pool.jsonl")
+    if not os.path.isfile(path):
+        return ""
+    form = json.load(open(os.path.join(folder, archive_mark))).get("pool", "reduced")
+    with open(path) as f:
+        return "reduced" if '"responses"' not in f.readline() else form
+
+
+def pool_users(folder: str, runs: list) -> list:
+    """The folders of the runs that read folder's pool (--pool FOLDER/collect/pool.jsonl)."""
+    pool = os.path.join(folder, "collect", "pool.jsonl")
+    return [f for f, flags in runs if any(a == "--pool" and b == pool
+                                          for a, b in zip(flags, flags[1:]))]
+
+
 def jsonl_bytes(rows: list) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-def reduced_run(folder: str) -> dict:
+def reduced_pool(rows: list) -> bytes:
+    """A pool's rows as each prompt's id and count of verified answers: no answer texts."""
+    return jsonl_bytes([{"id": r["id"], "answers": len(r["responses"])} for r in rows])
+
+
+def mark_bytes(files: list, pool: str) -> bytes:
+    """archived.json: the files of the archived copy, and its pool's form ('' without one)."""
+    mark = {"archived_by": "tests/study_replay.py --archive", "files": sorted(files),
+            **({"pool": pool} if pool else {}),
+            "note": "the report's files only: the progress without its answers, the pool with "
+                    "them while an arm on it is not archived ('full'), else without "
+                    "('reduced'); an archived run counts as finished and is never run or "
+                    "resumed"}
+    return json.dumps(mark, indent=1).encode() + b"\n"
+
+
+def reduced_run(folder: str, full_pool: bool = False) -> dict:
     """{path in the folder: bytes} of a finished run's archived copy: config.json, timings.json
     and every part's metrics.jsonl as they are; the collection's progress.jsonl as its rows' id
-    and tokens, its pool.jsonl as each prompt's id and count of verified answers (no answer
-    texts); archived.json, the mark. A part that is a link (A6's phase one, the main run's)
-    is left out."""
+    and tokens, its pool.jsonl as it is if full_pool (an arm on it still to archive), else
+    reduced (reduced_pool); archived.json, the mark (mark_bytes). A part that is a link (A6's
+    phase one, the main run's) is left out."""
     files = {}
     for name in ("config.json", "timings.json"):
         files[name] = open(os.path.join(folder, name), "rb").read()
@@ -1257,25 +1380,30 @@ def reduced_run(folder: str) -> dict:
         files[os.path.join("collect", "progress.jsonl")] = jsonl_bytes(
             [{"id": r["id"], "tokens": r.get("tokens", 0)}
              for r in data.read_jsonl(os.path.join(collect, "progress.jsonl"))])
-    if os.path.isfile(os.path.join(collect, "pool.jsonl")):
-        files[os.path.join("collect", "pool.jsonl")] = jsonl_bytes(
-            [{"id": r["id"], "answers": len(r["responses"])}
-             for r in data.read_jsonl(os.path.join(collect, "pool.jsonl"))])
-    files[archive_mark] = json.dumps(
-        {"archived_by": "tests/study_replay.py --archive", "files": sorted(files),
-         "note": "the report's files only: the pool and the progress without their answers; "
-                 "an archived run counts as finished and is never run or resumed"},
-        indent=1).encode() + b"\n"
+    pool = os.path.join(collect, "pool.jsonl")
+    if os.path.isfile(pool):
+        files[os.path.join("collect", "pool.jsonl")] = open(pool, "rb").read() if full_pool \
+            else reduced_pool(data.read_jsonl(pool))
+    form = ("full" if full_pool else "reduced") if os.path.isfile(pool) else ""
+    files[archive_mark] = mark_bytes([*files, archive_mark], form)
     return files
 
 
 def start_line(folder: str) -> bytes:
     """The run's first start line of FOLDER.log (study_replay.py's), b'' without one."""
-    if os.path.isfile(folder + ".log"):
-        for line in open(folder + ".log", errors="replace"):
-            if line.startswith(started_mark):
-                return line.rstrip("\n").encode() + b"\n"
-    return b""
+    logged = first_start(folder)
+    return f"{started_mark}{logged}\n".encode() if logged else b""
+
+
+def run_files(folder: str, full_pool: bool) -> dict:
+    """{path in the archive: bytes} of a finished run: reduced_run's under its name, and its
+    start line as FOLDER.log."""
+    name = os.path.basename(folder)
+    files = {os.path.join(name, k): v for k, v in reduced_run(folder, full_pool).items()}
+    line = start_line(folder)
+    if line:
+        files[name + ".log"] = line
+    return files
 
 
 def seed_names(folder: str, seed: int) -> list:
@@ -1286,12 +1414,20 @@ def seed_names(folder: str, seed: int) -> list:
     return ([main] if os.path.isdir(os.path.join(folder, main)) else []) + sorted(names)
 
 
+def temporary(name: str) -> str:
+    """The name a file or folder is written under before it is renamed to `name`."""
+    return f".{name}.tmp"
+
+
 def held_files(folder: str, names: list) -> dict:
-    """{path: bytes} of the run folders `names` in `folder` and their logs."""
+    """{path: bytes} of the run folders `names` in `folder` and their logs, without a stopped
+    replace_file's temporary."""
     files = {}
     for name in names:
         for root, _, found in os.walk(os.path.join(folder, name)):
             for f in found:
+                if f.startswith(".") and f.endswith(".tmp"):
+                    continue
                 path = os.path.join(root, f)
                 files[os.path.relpath(path, folder)] = open(path, "rb").read()
         if os.path.isfile(os.path.join(folder, name + ".log")):
@@ -1299,24 +1435,26 @@ def held_files(folder: str, names: list) -> dict:
     return files
 
 
-def move_in(source: str, names: list, target: str):
-    """Rename the run folders `names` (and their logs) from source into target, seedS (the
-    main folder) last: a seed is there once its main folder is. A run folder already in target
-    without its main folder is a stopped move's, and is replaced. If a rename fails, what was
-    moved goes back (the seed is not there), and the error is raised."""
-    order = [n for n in names if "-" in n] + [n for n in names if "-" not in n]
+def archived_alike(folder: str, archive: str) -> bool:
+    """Whether the archive holds this finished run as it would archive it (the archive was made
+    from it): each file as one of the pool's two forms has it (a stopped reduce_pool leaves the
+    pool and its mark in two)."""
+    held = held_files(archive, [os.path.basename(folder)])
+    forms = [run_files(folder, full) for full in (True, False)]
+    return set(held) == set(forms[0]) and all(any(held[p] == form[p] for form in forms)
+                                              for p in held)
+
+
+def move_in(source: str, name: str, target: str):
+    """Rename run folder `name` and its log from source into target, the folder last: a run is
+    there once its folder is, and a log there without its folder is a stopped move's, replaced
+    (the callers make sure the folder is not there). If the folder's rename fails, the log goes
+    back (the run is not there), and the error is raised."""
     moved = []
     try:
-        for name in order:
-            for item in (name + ".log", name):
-                if not os.path.exists(os.path.join(source, item)):
-                    continue
-                there = os.path.join(target, item)
-                if os.path.isdir(there):
-                    shutil.rmtree(there)
-                elif os.path.exists(there):
-                    os.remove(there)
-                os.rename(os.path.join(source, item), there)
+        for item in (name + ".log", name):
+            if os.path.exists(os.path.join(source, item)):
+                os.rename(os.path.join(source, item), os.path.join(target, item))
                 moved.append(item)
     except BaseException:
         for item in reversed(moved):
@@ -1324,93 +1462,166 @@ def move_in(source: str, names: list, target: str):
         raise
 
 
-def archive_seed(out: str, archive: str, seed: int, runs: list):
-    """A finished seed's runs, reduced (reduced_run), and each run's start line as FOLDER.log,
-    into archive under the same names; written in a temporary folder, then renamed in
-    (move_in). Nothing for a seed with a run unfinished, nor for one restored from the
-    archive; a seed archived already must be archived alike, else it stops (the archive is
-    never replaced). Returns the archived bytes, None if nothing was written."""
-    folders = [folder for folder, _ in runs]
-    if not all(finished(f) for f in folders):
-        print(f"seed {seed}: not archived, a run is unfinished", flush=True)
-        return None
-    if archived(folders[0]):
-        return None
-    files = {}
-    for folder in folders:
-        name = os.path.basename(folder)
-        files.update({os.path.join(name, k): v for k, v in reduced_run(folder).items()})
-        line = start_line(folder)
-        if line:
-            files[name + ".log"] = line
-    names = [os.path.basename(f) for f in folders]
-    size = sum(map(len, files.values()))
-    if os.path.isdir(os.path.join(archive, names[0])):
-        if held_files(archive, seed_names(archive, seed)) != files:
-            raise SystemExit(f"{os.path.join(archive, names[0])}: seed {seed} is archived with "
-                             f"other runs than {out}'s; an archive is never replaced: move "
-                             f"{archive}/seed{seed} and seed{seed}-* away to archive these")
-        print(f"seed {seed}: archived already in {archive}, alike", flush=True)
-        return None
-    os.makedirs(archive, exist_ok=True)
-    temporary = os.path.join(archive, f".seed{seed}.tmp")
-    shutil.rmtree(temporary, ignore_errors=True)  # a stopped write's
-    for path, content in files.items():
-        os.makedirs(os.path.dirname(os.path.join(temporary, path)), exist_ok=True)
-        open(os.path.join(temporary, path), "wb").write(content)
+def write_in(target: str, name: str, fill):
+    """Make run folder `name` (and its log) in target: fill(temporary) writes them into a
+    temporary folder in target, which is then renamed in (move_in), so no half run is ever
+    there."""
+    folder = os.path.join(target, temporary(name))
+    shutil.rmtree(folder, ignore_errors=True)  # a stopped write's
+    os.makedirs(folder)
     try:
-        move_in(temporary, names, archive)
+        fill(folder)
+        move_in(folder, name, target)
     finally:
-        shutil.rmtree(temporary, ignore_errors=True)
-    print(f"seed {seed} archived in {archive}: {len(files)} files, {size / 1000:.1f} kB "
-          f"(commit it: git add {archive})", flush=True)
-    return size
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_files(folder: str, files: dict):
+    for path, content in files.items():
+        os.makedirs(os.path.dirname(os.path.join(folder, path)), exist_ok=True)
+        open(os.path.join(folder, path), "wb").write(content)
+
+
+def replace_file(path: str, content: bytes):
+    """Write a file anew: to a temporary name beside it, then renamed over it (os.replace), so a
+    stop leaves the old file or the new one (and at worst the temporary, which held_files
+    skips and the next write replaces)."""
+    new = os.path.join(os.path.dirname(path), temporary(os.path.basename(path)))
+    open(new, "wb").write(content)
+    os.replace(new, path)
+
+
+def archive_runs(out: str, archive: str, seed: int, runs: list) -> int:
+    """Each finished run of the seed that the archive lacks, reduced (run_files), into archive
+    under its name (write_in), in the runs' order; then the pools no run still needs, reduced
+    (reduce_pool). A pool is archived full while a run on it is not archived: a later sitting
+    runs that arm from it. A restored run (an archived copy) is not written again; a run in the
+    archive already must be archived alike, else it stops (nothing is replaced). Returns the
+    bytes written."""
+    written = 0
+    for folder, _ in runs:
+        name = os.path.basename(folder)
+        if not finished(folder) or archived(folder):
+            continue
+        if os.path.isdir(os.path.join(archive, name)):
+            if not archived_alike(folder, archive):
+                raise SystemExit(f"{os.path.join(archive, name)}: archived otherwise than "
+                                 f"{folder}; an archived run is never replaced: move it (and "
+                                 f"{name}.log) away to archive this one")
+            continue
+        waiting = [os.path.basename(f) for f in pool_users(folder, runs)
+                   if not archived(os.path.join(archive, os.path.basename(f)))]
+        files = run_files(folder, full_pool=bool(waiting))
+        os.makedirs(archive, exist_ok=True)
+        write_in(archive, name, lambda folder: write_files(folder, files))
+        size = sum(map(len, files.values()))
+        written += size
+        full = f", its pool in full for {', '.join(waiting)}" if waiting else ""
+        print(f"{name} archived in {archive}: {len(files)} files, {size / 1000:.1f} kB{full} "
+              f"(commit it: git add {archive})", flush=True)
+    for folder, _ in runs:
+        reduce_pool(archive, folder, runs)
+    return written
+
+
+def reduce_pool(archive: str, folder: str, runs: list) -> bool:
+    """The one replacement the archive allows: once every run on a run's pool is archived, the
+    archived pool.jsonl, full until then, becomes reduced_pool's form, derived from the full
+    file there; then its mark says so. Each file is replaced whole (replace_file): a stop
+    leaves a pool reduced under a mark that says full at worst, and the next call writes the
+    mark. Whether it reduced the pool."""
+    held = os.path.join(archive, os.path.basename(folder))
+    users = [os.path.join(archive, os.path.basename(f)) for f in pool_users(folder, runs)]
+    if not archived(held) or not all(map(archived, users)):
+        return False
+    mark = json.load(open(os.path.join(held, archive_mark)))
+    if mark.get("pool") != "full":
+        return False
+    path = os.path.join(held, "collect", "pool.jsonl")
+    rows = [json.loads(line) for line in open(path)]
+    if all("responses" in r for r in rows):
+        replace_file(path, reduced_pool(rows))
+    elif any(set(r) != {"id", "answers"} for r in rows):
+        raise SystemExit(f"{path}: neither a full pool nor a reduced one, left as it is")
+    replace_file(os.path.join(held, archive_mark), mark_bytes(mark["files"], "reduced"))
+    print(f"{path}: reduced to each prompt's id and count of answers, every run on it archived "
+          f"({', '.join(map(os.path.basename, users))}; commit it: git add {archive})",
+          flush=True)
+    return True
 
 
 def restore_archived(out: str, archive: str, seeds: list) -> list:
-    """Copy each requested seed whose main folder is in the archive but not in out into out
-    (its run folders and logs: archived copies, never run or resumed); the seeds copied. A run
-    folder or log of the seed in out that is not an archived copy stops it (never replaced)."""
+    """Copy each requested seed's archived runs that out lacks into out (write_in: archived
+    copies, never run or resumed); the names copied. A run folder or log in out of a run the
+    archive holds stops it before anything is copied (never replaced), unless it is an archived
+    copy, or the finished run that the archive was made from (archived_alike)."""
     restored = []
     for seed in seeds:
-        main = f"seed{seed}"
-        if os.path.exists(os.path.join(out, main)) or \
-                not os.path.isfile(os.path.join(archive, main, archive_mark)):
-            continue
-        names = seed_names(archive, seed)
-        clash = [item for name in names for item in (name, name + ".log")
-                 if os.path.exists(os.path.join(out, item))
-                 and not archived(os.path.join(out, name))]
-        if clash:
-            raise SystemExit(f"{os.path.join(out, clash[0])}: seed {seed} is archived in "
-                             f"{archive}, and out_dir holds this run of it: move it away")
-        temporary = os.path.join(out, f".seed{seed}.tmp")
-        shutil.rmtree(temporary, ignore_errors=True)
-        os.makedirs(temporary)
-        for name in names:
-            shutil.copytree(os.path.join(archive, name), os.path.join(temporary, name))
-            if os.path.isfile(os.path.join(archive, name + ".log")):
-                shutil.copy2(os.path.join(archive, name + ".log"), temporary)
-        move_in(temporary, names, out)
-        os.rmdir(temporary)
-        restored.append(seed)
+        for name in seed_names(archive, seed):
+            here = os.path.join(out, name)
+            if not archived(os.path.join(archive, name)) or archived(here):
+                continue
+            if os.path.exists(here) or os.path.exists(here + ".log"):
+                if finished(here) and archived_alike(here, archive):
+                    continue
+                raise SystemExit(f"{here}: {name} is archived in {archive}, and out_dir holds "
+                                 "another run of it: move it (and its log) away")
+            restored.append(name)
+    for name in restored:
+        write_in(out, name, lambda folder: copy_run(archive, name, folder))
     if restored:
-        print(f"seeds {restored} from the archive {archive}: finished, never run again",
+        print(f"{', '.join(restored)} from the archive {archive}: finished, never run again",
               flush=True)
     return restored
 
 
+def copy_run(source: str, name: str, target: str):
+    """Copy run folder `name` and its log from source into target (not a stopped
+    replace_file's temporary)."""
+    shutil.copytree(os.path.join(source, name), os.path.join(target, name),
+                    ignore=shutil.ignore_patterns(temporary("*")))
+    if os.path.isfile(os.path.join(source, name + ".log")):
+        shutil.copy2(os.path.join(source, name + ".log"), target)
+
+
 def check_archived(seed: int, runs: list, archive: str):
-    """An archived seed runs nothing: each of its runs asked for must be archived too."""
-    if not archived(runs[0][0]):
-        return
+    """An archived run is never run again, so a run still to do must not need what the archive
+    lacks: a run on the main run's pool needs it full (it is reduced once every run on it is
+    archived), A6 the main run's phase one (never archived). And a run on the pool that is
+    archived needs its main run archived: run again, it could make another pool."""
     main = runs[0][0]
+    users = pool_users(main, runs)
+    if not archived(main):
+        for folder in users:
+            if archived(folder):
+                raise SystemExit(f"seed {seed}: {os.path.basename(folder)} is archived "
+                                 f"({archive or 'restored'}) without its pool's run "
+                                 f"{os.path.basename(main)}, which would run again: leave seed "
+                                 f"{seed} out or move its archive away")
+        return
     for folder, _ in runs[1:]:
-        if not archived(folder):
-            arm = folder[len(main) + 1:]
-            raise SystemExit(f"seed {seed}: archived ({archive or 'restored'}) without arm "
-                             f"{arm} ({os.path.basename(folder)}), and an archived seed is "
-                             f"never run again: leave seed {seed} out or move its archive away")
+        if archived(folder):
+            continue
+        arm = folder[len(main) + 1:]
+        if folder in users and archived_pool(main) == "reduced":
+            lacks = "its pool reduced (no answer texts)"
+        elif folder.endswith("-A6"):
+            lacks = "no phase-one checkpoint"
+        else:
+            continue
+        raise SystemExit(f"seed {seed}: archived ({archive or 'restored'}) with {lacks}, "
+                         f"without arm {arm} ({os.path.basename(folder)}), which cannot run "
+                         f"from it: leave seed {seed} out or move its archive away")
+
+
+def settle_finished(out: str, archive: str, seed: int, runs: list):
+    """The seed's finished runs: their checkpoints dropped (drop_run_checkpoints), and, with an
+    archive, each archived that is not yet (archive_runs)."""
+    for folder, _ in runs:
+        if finished(folder) and not archived(folder):
+            drop_run_checkpoints(folder, runs)
+    if archive:
+        archive_runs(out, archive, seed, runs)
 
 
 def seed_runs(args, out: str, seed: int, settings: list, cfg) -> list:
@@ -1442,7 +1653,7 @@ def main():
                         help="also A6, the pool at T = 1.0 (dropped by the plan)")
     parser.add_argument("--report_only", action="store_true")
     parser.add_argument("--archive", default=None,
-                        help="a finished seed's runs, reduced, kept here (commit it) and read "
+                        help="each finished run, reduced, kept here (commit it) and read "
                              f"back in a later sitting; default: {default_archive} with --study "
                              "dynamic --preset cpu-hard, else none; '' or --no-archive: none")
     parser.add_argument("--no-archive", dest="archive", action="store_const", const="")
@@ -1480,6 +1691,8 @@ def main():
         for seed in args.seeds:
             set_aside_stale(seed_runs(args, out, seed, settings, cfg), choice.dtype, cfg,
                             dynamic)
+        for seed in args.seeds:  # the runs that finished here before
+            settle_finished(out, archive, seed, seed_runs(args, out, seed, settings, cfg))
         expected = expected_seconds(out, {s: seed_runs(args, out, s, settings, cfg)
                                           for s in args.seeds}, cfg.preset)
         hours = f" ({expected / 3600:.1f} h)" if expected >= 3600 else ""
@@ -1490,9 +1703,8 @@ def main():
             for folder, flags in runs:
                 if not finished(folder) and not archived(folder):
                     run(folder, flags, runs[0][0])
+                settle_finished(out, archive, seed, runs)  # each run as soon as it finished
             drop_checkpoints(out, seed)
-            if archive:
-                archive_seed(out, archive, seed, runs)
             print(f"seed {seed} done after {(time.time() - start) / 60:.0f} min", flush=True)
     if dynamic:
         report_dynamic(out, args.seeds, args.family_seeds, cfg)

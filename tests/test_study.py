@@ -367,7 +367,29 @@ def test_a_runs_start_is_the_logged_one_else_a_files_mtime(tmp_path):
                                         + "2026-12-01T10:00:00Z\n" + study.started_mark
                                         + "2026-12-02T10:00:00Z\n")
     assert study.run_started(str(folder)) == ("2026-12-01T10:00:00Z", "logged")
+    assert study.run_machine(str(folder)) == ""  # a start line from before the machine
+    (tmp_path / "seed1.log").write_text(study.started_mark + "2026-12-01T10:00:00Z on Intel(R) "
+                                        "Xeon(R) CPU @ 2.10GHz (bf16 emulated)\n")
+    assert study.run_started(str(folder)) == ("2026-12-01T10:00:00Z", "logged")
+    assert study.run_machine(str(folder)) == "Intel(R) Xeon(R) CPU @ 2.10GHz (bf16 emulated)"
     assert study.run_started(str(tmp_path / "none"))[1] == "not started"
+
+
+def test_the_machine_is_the_first_cpus_with_its_bf16(tmp_path, monkeypatch):
+    cpuinfo = tmp_path / "cpuinfo"
+
+    def machine(flags):
+        cpuinfo.write_text("".join(f"processor\t: {i}\nmodel name\t: CPU {i}\nflags\t\t: "
+                                   f"{flags if i == 0 else 'fpu amx_bf16'}\n\n"
+                                   for i in range(2)))
+        return study.machine(str(cpuinfo))
+    assert machine("fpu avx512f amx_bf16 amx_tile avx512_bf16") == "CPU 0 (bf16 native: amx)"
+    assert machine("fpu avx512f avx512_bf16") == "CPU 0 (bf16 native: avx512_bf16)"
+    assert machine("fpu avx512f avx2") == "CPU 0 (bf16 emulated)"
+    monkeypatch.setattr(study.platform, "processor", lambda: "")
+    assert study.machine(str(tmp_path / "none")) == "unknown CPU (bf16 emulated)"
+    monkeypatch.setattr(study.platform, "processor", lambda: "x86_64")
+    assert study.machine(str(tmp_path / "none")) == "x86_64 (bf16 emulated)"
 
 
 def synthetic_dynamic(out):
@@ -409,7 +431,12 @@ def test_the_dynamic_report_on_synthetic_runs(tmp_path):
     cfg = study.rlep.parse_config(["--preset", "tiny", "--val_k", "4", "--val_every", "2"])
     out = str(tmp_path)
     synthetic_dynamic(out)
-    (tmp_path / "seed1.log").write_text(study.started_mark + "2020-01-05T09:00:00Z\n")
+    (tmp_path / "seed1.log").write_text(study.started_mark + "2020-01-05T09:00:00Z on CPU A "
+                                        "(bf16 native: amx)\n")
+    (tmp_path / "seed1-A5.log").write_text(study.started_mark + "2020-01-06T09:00:00Z on CPU B "
+                                           "(bf16 emulated)\n")
+    (tmp_path / "seed2-A5.log").write_text(study.started_mark + "2020-01-06T10:00:00Z on CPU B "
+                                           "(bf16 emulated)\n")
     results = study.report_dynamic(out, [1, 2, 3], [1, 2, 3], cfg)
     assert results["family_seeds"] == [1, 2] and results["a3_a5_seeds"] == [1, 2, 3]
     # the family: A3 - A7's final 30 - 27 = 3 and 31 - 25 = 6; A8 - A3's peak 3 and 4
@@ -458,7 +485,17 @@ def test_the_dynamic_report_on_synthetic_runs(tmp_path):
     assert results["starts"]["A1"] == {"folder": "seed1", "time": "2020-01-05T09:00:00Z",
                                        "from": "logged"}
     assert results["starts"]["A7"]["from"] == "file mtime (last write)"
+    # the machines: seed 1's main run on A, its A5 on B; seed 2's A5 on B, the rest not logged
+    assert results["machines"] == {
+        "seedS": {"CPU A (bf16 native: amx)": 1, "not logged": 2},
+        "seedS-A5": {"CPU B (bf16 emulated)": 2, "not logged": 1},
+        "seedS-A7": {"not logged": 2}, "seedS-A8": {"not logged": 2}}
+    assert results["seeds_on_several_machines"] == [1]
     table = open(tmp_path / "table.md").read()
+    assert "| seedS | A1, A3 | 3 | CPU A (bf16 native: amx): 1; not logged: 2 |" in table
+    assert "| seedS-A7 | A7 | 2 | not logged: 2 |" in table
+    assert "Seeds whose runs ran on more than one machine: 1 of the 2 with a logged machine " \
+        "(seeds 1)." in table
     for heading in ("The family", "A3 - A5 over the 3 seeds", "Seed 1: not checked",
                     "At equal generated responses, raw, uncorrected", "Metering",
                     "The plan's commits against", "by kind", "no overlap: A3's curve starts"):
@@ -482,6 +519,8 @@ def test_a_run_logs_its_start_before_rlep_writes(tmp_path, monkeypatch):
     study.run(folder, ["--phase", "1", "--dynamic_sampling"], str(tmp_path / "seed1"))
     first = open(folder + ".log").readline()
     assert first.startswith(study.started_mark) and commands[0][-2:] == ["1", "--dynamic_sampling"]
+    assert first.endswith(f"Z on {study.machine()}\n") and "(bf16 " in first
+    assert study.run_machine(folder) == study.machine()
     when, how = study.run_started(folder)
     assert how == "logged" and abs(study.time.mktime(study.time.strptime(
         when, "%Y-%m-%dT%H:%M:%SZ")) - study.time.mktime(study.time.gmtime())) < 60
@@ -513,15 +552,34 @@ def test_a_finished_seeds_checkpoints_go_not_seed_10s(tmp_path):
                     "seed10/phase1/metrics.jsonl", "seed10/phase1/step_000002"]
 
 
-# --archive: a finished seed kept small in the repository, read back in a later sitting -----
+def test_a_finished_runs_checkpoints_go_but_main_phase_one_while_a6_needs_it(tmp_path):
+    runs = study.runs_of(str(tmp_path), 1, [], study.rlep.parse_config(tiny), with_a6=True)
+    main, a6 = runs[0][0], runs[-1][0]
+    for folder, part in ((main, "phase1"), (main, "phase2"), (a6, "phase2")):
+        os.makedirs(os.path.join(folder, part, "step_000002"))
+    os.symlink(os.path.join(main, "phase1"), os.path.join(a6, "phase1"))
+    study.drop_run_checkpoints(main, runs)
+    steps = lambda: sorted(os.path.relpath(p, tmp_path)  # noqa
+                           for p in glob.glob(str(tmp_path / "*" / "phase*" / "step_*")))
+    # A6 unfinished: it collects from the main run's phase one, whose step stays
+    assert steps() == ["seed1-A6/phase1/step_000002", "seed1-A6/phase2/step_000002",
+                       "seed1/phase1/step_000002"]
+    (tmp_path / "seed1-A6" / "timings.json").write_text("{}")
+    study.drop_run_checkpoints(a6, runs)  # not through its link
+    assert steps() == ["seed1-A6/phase1/step_000002", "seed1/phase1/step_000002"]
+    study.drop_run_checkpoints(main, runs)
+    assert steps() == []
+
+
+# --archive: each finished run kept small in the repository, read back in a later sitting ------
 
 tiny = ["--preset", "tiny", "--val_k", "4", "--val_every", "2"]
 
 
 def finish_dynamic(out, dtype="float32"):
     """synthetic_dynamic's runs as a finished study leaves them: the study's config.json, a
-    timings.json, a log with two starts, samples and a checkpoint in each part, answer texts in
-    the pool and the progress."""
+    timings.json, a log with two starts (the first on CPU A, seed 2's A7 on CPU B), samples and
+    a checkpoint in each part, answer texts in the pool and the progress."""
     cfg = study.rlep.parse_config(tiny + ["--dtype", "float32"])
     config = {**{k: getattr(cfg, k) for k in study.regime_keys}, "dtype": dtype,
               "max_gen_rounds": getattr(cfg, "max_gen_rounds", None)}
@@ -531,9 +589,11 @@ def finish_dynamic(out, dtype="float32"):
                 json.dump({**config, "dynamic_sampling": "--dynamic_sampling" in flags}, f)
             with open(os.path.join(folder, "timings.json"), "w") as f:
                 json.dump({"total_s": 10.0 + seed, "parts_s": {}, "processes": 1}, f)
+            cpu = "CPU B (bf16 native: amx)" if folder.endswith("seed2-A7") else \
+                "CPU A (bf16 emulated)"
             with open(folder + ".log", "w") as f:
-                f.write(f"{study.started_mark}2026-12-0{seed}T10:00:00Z\nrlep: step 1\n"
-                        f"{study.started_mark}2026-12-0{seed}T11:00:00Z\n")
+                f.write(f"{study.started_mark}2026-12-0{seed}T10:00:00Z on {cpu}\nrlep: step 1\n"
+                        f"{study.started_mark}2026-12-0{seed}T11:00:00Z on {cpu}\n")
             for part in glob.glob(os.path.join(folder, "phase*")):
                 os.makedirs(os.path.join(part, "step_000004"))
                 with open(os.path.join(part, "step_000004", "model.bin"), "wb") as f:
@@ -546,6 +606,13 @@ def finish_dynamic(out, dtype="float32"):
                          + "\n" for i in range(10))
 
 
+def finished_study(folder):
+    """synthetic_dynamic's runs, finished (finish_dynamic), in folder; its path."""
+    synthetic_dynamic(str(folder))
+    finish_dynamic(str(folder))
+    return str(folder)
+
+
 def tree(folder):
     """{path: bytes} of every file under folder."""
     return {os.path.relpath(os.path.join(root, f), folder):
@@ -555,23 +622,27 @@ def tree(folder):
 
 def archive_all(out, archive):
     for seed in (1, 2, 3):
-        study.archive_seed(out, archive, seed, study.dynamic_runs_of(out, seed, [], seed < 3))
+        study.archive_runs(out, archive, seed, study.dynamic_runs_of(out, seed, [], seed < 3))
 
 
 def archived_study(tmp_path):
     """A finished synthetic dynamic study archived: (the archive, an empty out_dir)."""
-    full, archive = tmp_path / "full", tmp_path / "archive"
-    synthetic_dynamic(str(full))
-    finish_dynamic(str(full))
-    archive_all(str(full), str(archive))
+    archive = tmp_path / "archive"
+    archive_all(finished_study(tmp_path / "full"), str(archive))
     return archive, tmp_path / "out"
 
 
-def run_main(monkeypatch, out, archive, *more, dtype="float32"):
+def run_main(monkeypatch, out, archive, *more, dtype="float32", on_run=None):
     """study_replay.py --study dynamic on tiny, seeds 1-3, the family 1 and 2, with `run`, the
-    model and the dtype's measure patched; the folders `run` was called for."""
+    model and the dtype's measure patched; the folders `run` was called for. on_run(folder):
+    what the patched run does (else nothing: the run stays as it is)."""
     calls = []
-    monkeypatch.setattr(study, "run", lambda folder, flags, main: calls.append(folder))
+
+    def run(folder, flags, main):
+        calls.append(folder)
+        if on_run:
+            on_run(folder)
+    monkeypatch.setattr(study, "run", run)
     monkeypatch.setattr(study.builtin, "resolve_model", lambda *a, **k: "model")
     monkeypatch.setattr(study.builtin, "resolve_dtype", lambda *a, **k: types.SimpleNamespace(
         dtype=dtype, why="measured (a test)", gflops={}))
@@ -582,17 +653,32 @@ def run_main(monkeypatch, out, archive, *more, dtype="float32"):
     return calls
 
 
-def test_an_archived_seed_holds_the_reports_files_only_and_gives_its_report(tmp_path, capsys):
+def copied_from(full):
+    """on_run for run_main: the run done, as full's finished run of the same name."""
+    def done(folder):
+        name = os.path.basename(folder)
+        shutil.copytree(os.path.join(full, name), folder)
+        shutil.copy(os.path.join(full, name + ".log"), folder + ".log")
+    return done
+
+
+def mark(folder):
+    return json.load(open(os.path.join(folder, study.archive_mark)))
+
+
+def test_an_archived_study_holds_the_reports_files_only_and_gives_its_report(tmp_path, capsys):
     cfg = study.rlep.parse_config(tiny)
-    full, archive, again = (str(tmp_path / name) for name in ("full", "archive", "again"))
-    synthetic_dynamic(full)
-    finish_dynamic(full)
+    full = finished_study(tmp_path / "full")
+    archive, again = (str(tmp_path / name) for name in ("archive", "again"))
     archive_all(full, archive)
-    assert "seed 1 archived in" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "seed1 archived in" in printed and "seed1-A8 archived in" in printed
+    assert f"{archive}/seed1/collect/pool.jsonl: reduced" in printed
     run_files = ["archived.json", "config.json", "timings.json"]
-    expected = []
+    expected, names = [], []
     for seed in (1, 2, 3):
         main = f"seed{seed}"
+        names += [main] + [f"{main}-{arm}" for arm in ("A5", "A7", "A8")[:3 if seed < 3 else 1]]
         expected += [f"{main}.log", f"{main}/collect/pool.jsonl", f"{main}/collect/progress.jsonl",
                      f"{main}/phase1/metrics.jsonl", f"{main}/phase2/metrics.jsonl",
                      *(f"{main}/{f}" for f in run_files)]
@@ -606,17 +692,25 @@ def test_an_archived_seed_holds_the_reports_files_only_and_gives_its_report(tmp_
     assert rows("seed1/collect/pool.jsonl") == [{"id": p, "answers": 2} for p in ("p1", "p2", "p3")]
     assert rows("seed1/collect/progress.jsonl") == [{"id": f"q{i}", "tokens": 100}
                                                     for i in range(10)]
-    assert held["seed2-A7.log"] == f"{study.started_mark}2026-12-02T10:00:00Z\n".encode()
+    # every run of each seed archived: the pools reduced, and marked so
+    assert [mark(os.path.join(archive, f"seed{s}"))["pool"] for s in (1, 2, 3)] == ["reduced"] * 3
+    assert "pool" not in mark(os.path.join(archive, "seed1-A5"))
+    assert mark(os.path.join(archive, "seed1-A5"))["files"] == [
+        "archived.json", "config.json", "phase2/metrics.jsonl", "timings.json"]
+    assert held["seed2-A7.log"] == \
+        f"{study.started_mark}2026-12-02T10:00:00Z on CPU B (bf16 native: amx)\n".encode()
     assert held["seed1/phase1/metrics.jsonl"] == \
         open(os.path.join(full, "seed1", "phase1", "metrics.jsonl"), "rb").read()
     assert sum(map(len, held.values())) < 40_000
     # the report from the archive alone, as the run folders give it
-    assert study.restore_archived(again, archive, [1, 2, 3]) == [1, 2, 3]
-    assert tree(archive) == held
+    assert study.restore_archived(again, archive, [1, 2, 3]) == names
+    assert tree(archive) == held and all(study.archived(os.path.join(again, n)) for n in names)
     reports = [study.report_dynamic(out, [1, 2, 3], [1, 2], cfg) for out in (full, again)]
     tables = [open(os.path.join(out, "table.md")).read().split("\n") for out in (full, again)]
     assert tables[0][1:] == tables[1][1:] and "| A7 | seed1-A7 | 2026-12-01T10:00:00Z" \
         in "\n".join(tables[1])
+    assert "| seedS-A7 | A7 | 2 | CPU A (bf16 emulated): 1; CPU B (bf16 native: amx): 1 |" \
+        in tables[1] and reports[1]["seeds_on_several_machines"] == [2]
     saved = [json.load(open(os.path.join(out, "results.json"))) for out in (full, again)]
     for results in reports + saved:
         results.pop("provenance")
@@ -628,21 +722,160 @@ def test_an_archived_seed_holds_the_reports_files_only_and_gives_its_report(tmp_
             open(os.path.join(again, figure), "rb").read()
 
 
-def test_the_runner_archives_a_finished_seed_not_a_partial_one(tmp_path, monkeypatch):
-    out, archive = tmp_path / "out", tmp_path / "archive"
-    synthetic_dynamic(str(out))
-    finish_dynamic(str(out))
-    os.remove(out / "seed1-A8" / "timings.json")
-    calls = run_main(monkeypatch, out, archive)
-    # the patched run leaves A8 unfinished: seed 1 is not archived, seeds 2 and 3 are
-    assert calls == [str(out / "seed1-A8")]
-    assert sorted(os.listdir(archive)) == ["seed2", "seed2-A5", "seed2-A5.log", "seed2-A7",
-                                           "seed2-A7.log", "seed2-A8", "seed2-A8.log",
-                                           "seed2.log", "seed3", "seed3-A5", "seed3-A5.log",
-                                           "seed3.log"]
-    assert study.archive_seed(str(out), str(archive), 1,
-                              study.dynamic_runs_of(str(out), 1, [], True)) is None
-    assert not glob.glob(str(out / "*" / "phase*" / "step_*"))
+def test_a_finished_run_is_archived_its_pool_whole_while_an_arm_on_it_is_not(tmp_path, capsys):
+    full, archive = finished_study(tmp_path / "full"), str(tmp_path / "archive")
+    runs = study.dynamic_runs_of(full, 1, [], True)
+    for arm in ("A7", "A8"):  # not finished yet
+        os.rename(os.path.join(full, f"seed1-{arm}", "timings.json"), tmp_path / arm)
+    study.archive_runs(full, archive, 1, runs)
+    assert sorted(os.listdir(archive)) == ["seed1", "seed1-A5", "seed1-A5.log", "seed1.log"]
+    assert "its pool in full for seed1-A5, seed1-A8" in capsys.readouterr().out
+    # the pool byte for byte, answer texts and all, for A8 in a later sitting; the progress not
+    pool = open(os.path.join(full, "seed1", "collect", "pool.jsonl"), "rb").read()
+    assert b'"responses": ["1", "2"]' in pool
+    assert open(os.path.join(archive, "seed1", "collect", "pool.jsonl"), "rb").read() == pool
+    assert b"successes" not in open(os.path.join(archive, "seed1", "collect", "progress.jsonl"),
+                                    "rb").read()
+    assert mark(os.path.join(archive, "seed1"))["pool"] == "full"
+    # A7 finishes: archived on its own; A8, on the pool, is still to come
+    os.rename(tmp_path / "A7", os.path.join(full, "seed1-A7", "timings.json"))
+    study.archive_runs(full, archive, 1, runs)
+    assert study.archived(os.path.join(archive, "seed1-A7"))
+    assert mark(os.path.join(archive, "seed1"))["pool"] == "full"
+    before = tree(archive)
+    # A8 finishes: archived, and the pool reduced; nothing else in the archive changes
+    os.rename(tmp_path / "A8", os.path.join(full, "seed1-A8", "timings.json"))
+    capsys.readouterr()
+    study.archive_runs(full, archive, 1, runs)
+    assert "seed1/collect/pool.jsonl: reduced" in capsys.readouterr().out
+    after = tree(archive)
+    assert sorted(set(after) - set(before)) == [
+        "seed1-A8.log", "seed1-A8/archived.json", "seed1-A8/config.json",
+        "seed1-A8/phase2/metrics.jsonl", "seed1-A8/timings.json"]
+    assert sorted(p for p in before if after[p] != before[p]) == [
+        "seed1/archived.json", "seed1/collect/pool.jsonl"]
+    assert after["seed1/collect/pool.jsonl"] == \
+        b"".join(json.dumps({"id": p, "answers": 2}).encode() + b"\n" for p in ("p1", "p2", "p3"))
+    assert json.loads(after["seed1/archived.json"]) == \
+        {**json.loads(before["seed1/archived.json"]), "pool": "reduced"}
+    # as archiving the finished seed at once makes it; and a further call changes nothing
+    study.archive_runs(full, str(tmp_path / "at_once"), 1, runs)
+    assert tree(tmp_path / "at_once") == after
+    assert study.archive_runs(full, archive, 1, runs) == 0 and tree(archive) == after
+
+
+def test_a_stopped_pool_reduction_is_finished_from_what_the_archive_holds(tmp_path, monkeypatch):
+    full, archive = finished_study(tmp_path / "full"), str(tmp_path / "archive")
+    runs = study.dynamic_runs_of(full, 1, [], True)
+    study.archive_runs(full, str(tmp_path / "at_once"), 1, runs)
+    os.rename(os.path.join(full, "seed1-A8", "timings.json"), tmp_path / "A8")
+    study.archive_runs(full, archive, 1, runs)
+    os.rename(tmp_path / "A8", os.path.join(full, "seed1-A8", "timings.json"))
+    replace = os.replace
+
+    def failing(source, target):
+        if target.endswith(study.archive_mark):
+            raise OSError("stopped")
+        replace(source, target)
+    monkeypatch.setattr(study.os, "replace", failing)
+    with pytest.raises(OSError, match="stopped"):
+        study.archive_runs(full, archive, 1, runs)
+    # stopped between the two replacements: the pool reduced, its mark still full
+    held = os.path.join(archive, "seed1")
+    assert mark(held)["pool"] == "full"
+    assert b"answers" in open(os.path.join(held, "collect", "pool.jsonl"), "rb").read()
+    monkeypatch.setattr(study.os, "replace", replace)
+    # the next call writes the mark only (the pool there is reduced already): as at once
+    study.archive_runs(full, archive, 1, runs)
+    assert tree(archive) == tree(tmp_path / "at_once")
+    # the reduced pool comes from the archive's full file, not from the run folder's
+    os.rename(os.path.join(archive, "seed1-A8"), tmp_path / "held-A8")
+    study.replace_file(os.path.join(held, "collect", "pool.jsonl"),
+                       open(os.path.join(full, "seed1", "collect", "pool.jsonl"), "rb").read())
+    study.replace_file(os.path.join(held, study.archive_mark),
+                       study.mark_bytes(mark(held)["files"], "full"))
+    os.rename(tmp_path / "held-A8", os.path.join(archive, "seed1-A8"))
+    with open(os.path.join(full, "seed1", "collect", "pool.jsonl"), "a") as f:
+        f.write(json.dumps({"id": "p4", "responses": ["7"]}) + "\n")
+    assert study.reduce_pool(archive, runs[0][0], runs)
+    assert tree(archive) == tree(tmp_path / "at_once")
+    with open(os.path.join(held, "collect", "pool.jsonl"), "w") as f:
+        f.write(json.dumps({"id": "p1", "texts": 2}) + "\n")
+    study.replace_file(os.path.join(held, study.archive_mark),
+                       study.mark_bytes(mark(held)["files"], "full"))
+    with pytest.raises(SystemExit, match="neither a full pool nor a reduced one"):
+        study.reduce_pool(archive, runs[0][0], runs)
+
+
+def test_the_runner_archives_each_finished_run_at_the_start_and_after_it(tmp_path, monkeypatch):
+    out, archive = finished_study(tmp_path / "out"), tmp_path / "archive"
+    os.remove(os.path.join(out, "seed1-A8", "timings.json"))
+    seen = []
+    calls = run_main(monkeypatch, out, archive, on_run=lambda f: seen.append(
+        (os.listdir(archive), glob.glob(os.path.join(out, "seed*", "phase*", "step_*")))))
+    # the patched run leaves A8 unfinished: every run archived but it, seeds 2 and 3's before it;
+    # by then, every finished run's checkpoints are gone
+    assert calls == [os.path.join(out, "seed1-A8")] and "seed3-A5" in seen[0][0]
+    assert seen[0][1] == [os.path.join(out, "seed1-A8", "phase2", "step_000004")]
+    assert sorted(os.listdir(archive)) == [
+        "seed1", "seed1-A5", "seed1-A5.log", "seed1-A7", "seed1-A7.log", "seed1.log", "seed2",
+        "seed2-A5", "seed2-A5.log", "seed2-A7", "seed2-A7.log", "seed2-A8", "seed2-A8.log",
+        "seed2.log", "seed3", "seed3-A5", "seed3-A5.log", "seed3.log"]
+    assert [mark(archive / f"seed{s}")["pool"] for s in (1, 2, 3)] == ["full", "reduced",
+                                                                       "reduced"]
+    assert study.archive_runs(out, str(archive), 1,
+                              study.dynamic_runs_of(out, 1, [], True)) == 0
+    # checkpoints dropped, A8's too (the seed's end)
+    assert not glob.glob(os.path.join(out, "*", "phase*", "step_*"))
+
+
+def test_a_sitting_restores_the_archived_runs_and_runs_only_the_others(tmp_path, monkeypatch):
+    full = finished_study(tmp_path / "full")
+    first, archive = tmp_path / "first", tmp_path / "archive"
+    shutil.copytree(full, first)
+    for arm in ("A7", "A8"):  # seed 1's A7 and A8 cut short in the first sitting
+        os.remove(first / f"seed1-{arm}" / "timings.json")
+    for _ in range(2):  # the first sitting, and the same out_dir started again
+        assert run_main(monkeypatch, first, archive) == [str(first / "seed1-A7"),
+                                                         str(first / "seed1-A8")]
+        assert "seed1-A7" not in os.listdir(archive) and "seed1-A8" not in os.listdir(archive)
+    held = tree(archive)
+    # a second sitting, from a fresh clone: seed 1's A7 and A8 run, the archived runs never
+    second = tmp_path / "second"
+    pools = []
+
+    def done(folder):
+        pools.append(open(second / "seed1" / "collect" / "pool.jsonl", "rb").read())
+        copied_from(full)(folder)
+    calls = run_main(monkeypatch, second, archive, on_run=done)
+    assert calls == [str(second / "seed1-A7"), str(second / "seed1-A8")]
+    # A8 read the archived main run's pool, its answer texts and all
+    assert pools[1] == open(os.path.join(full, "seed1", "collect", "pool.jsonl"), "rb").read()
+    assert study.archived(str(second / "seed1")) and study.archived(str(second / "seed2-A8"))
+    assert not study.archived(str(second / "seed1-A8"))
+    assert not glob.glob(str(second / "*" / "phase*" / "step_*"))
+    # now archived, seed 1's pool reduced; the runs before unchanged
+    after = tree(archive)
+    assert {p: after[p] for p in held if p not in ("seed1/collect/pool.jsonl",
+                                                   "seed1/archived.json")} == \
+        {p: v for p, v in held.items() if p not in ("seed1/collect/pool.jsonl",
+                                                     "seed1/archived.json")}
+    archive_all(full, str(tmp_path / "at_once"))
+    assert after == tree(tmp_path / "at_once")
+    # a third sitting runs nothing
+    assert run_main(monkeypatch, tmp_path / "third", archive) == []
+    assert tree(archive) == after
+    # a run of out_dir the archive holds otherwise stops the study, nothing replaced: the
+    # first sitting's cut-short A7, and a finished run that differs
+    with pytest.raises(SystemExit, match=r"first/seed1-A7: seed1-A7 is archived in .* another "):
+        run_main(monkeypatch, first, archive)
+    for arm in ("A7", "A8"):
+        shutil.rmtree(first / f"seed1-{arm}")
+        os.remove(first / f"seed1-{arm}.log")
+    (first / "seed2-A5" / "timings.json").write_text('{"total_s": 99.0}')
+    with pytest.raises(SystemExit, match=r"first/seed2-A5: seed2-A5 is archived in .* another "):
+        run_main(monkeypatch, first, archive)
+    assert tree(archive) == after and not (first / "seed1-A7").exists()
 
 
 def test_a_restored_seed_is_never_run_nor_archived_again(tmp_path, monkeypatch):
@@ -654,12 +887,20 @@ def test_a_restored_seed_is_never_run_nor_archived_again(tmp_path, monkeypatch):
         assert tree(archive) == held
 
 
-def test_a_missing_archived_arm_stops_the_study(tmp_path, monkeypatch):
+def test_a_run_the_archive_cannot_serve_stops_the_study(tmp_path, monkeypatch):
     archive, out = archived_study(tmp_path)
-    # seed 3 was archived outside the family: asked for in it, its A7 would run again
-    with pytest.raises(SystemExit, match=r"^seed 3: archived .* without arm A7 \(seed3-A7\)"):
+    # seed 3 was archived outside the family, its pool reduced: asked for in it, its A8 would
+    # run on a pool without answer texts (its A7 could run; nothing does)
+    with pytest.raises(SystemExit, match=r"^seed 3: archived .* its pool reduced .* without "
+                                         r"arm A8 \(seed3-A8\)"):
         run_main(monkeypatch, out, archive, "--family_seeds", "1", "2", "3")
-    assert not glob.glob(str(out / "*.float32"))
+    assert not glob.glob(str(out / "*.float32")) and not (out / "seed3-A7").exists()
+    # an arm on the pool archived without its main run: the main run would make another pool
+    shutil.rmtree(archive / "seed2")
+    os.remove(archive / "seed2.log")
+    with pytest.raises(SystemExit, match=r"^seed 2: seed2-A5 is archived .* without its pool's "
+                                         r"run seed2"):
+        run_main(monkeypatch, tmp_path / "fresh", archive)
 
 
 def test_a_stale_archived_run_stops_and_nothing_moves(tmp_path, monkeypatch):
@@ -671,10 +912,8 @@ def test_a_stale_archived_run_stops_and_nothing_moves(tmp_path, monkeypatch):
     assert sorted(os.listdir(out)) == sorted(os.listdir(archive))
 
 
-def test_an_interrupted_archive_write_leaves_no_seed(tmp_path, monkeypatch):
-    full, archive = str(tmp_path / "full"), str(tmp_path / "archive")
-    synthetic_dynamic(full)
-    finish_dynamic(full)
+def test_an_interrupted_archive_write_leaves_no_run(tmp_path, monkeypatch):
+    full, archive = finished_study(tmp_path / "full"), str(tmp_path / "archive")
     runs = study.dynamic_runs_of(full, 1, [], True)
     rename, targets = os.rename, []
 
@@ -685,17 +924,15 @@ def test_an_interrupted_archive_write_leaves_no_seed(tmp_path, monkeypatch):
         rename(source, target)
     monkeypatch.setattr(study.os, "rename", failing)
     with pytest.raises(OSError, match="stopped"):
-        study.archive_seed(full, archive, 1, runs)
-    # the main folder is renamed in last; the arms moved back, the temporary folder gone
-    assert targets[:7] == ["seed1-A5.log", "seed1-A5", "seed1-A7.log", "seed1-A7",
-                           "seed1-A8.log", "seed1-A8", "seed1.log"]
-    assert targets[7] == "seed1" and os.listdir(archive) == []
+        study.archive_runs(full, archive, 1, runs)
+    # the run folder is renamed in after its log; the log moved back, the temporary folder gone
+    assert targets == ["seed1.log", "seed1", os.path.join(".seed1.tmp", "seed1.log")]
+    assert os.listdir(archive) == []
     monkeypatch.setattr(study.os, "rename", rename)
-    # a write killed between the renames leaves arms without their main folder: not a seed
-    study.archive_seed(full, archive, 1, runs)
-    held = tree(archive)
-    shutil.rmtree(os.path.join(archive, "seed1"))
-    os.remove(os.path.join(archive, "seed1.log"))
+    # a write killed between the renames leaves a log without its run: no run, replaced
+    with open(os.path.join(archive, "seed1.log"), "w") as f:
+        f.write("a stopped write's\n")
     assert study.restore_archived(str(tmp_path / "out"), archive, [1]) == []
-    study.archive_seed(full, archive, 1, runs)
-    assert tree(archive) == held
+    study.archive_runs(full, archive, 1, runs)
+    study.archive_runs(full, str(tmp_path / "clean"), 1, runs)
+    assert tree(archive) == tree(tmp_path / "clean")
