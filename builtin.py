@@ -9,6 +9,7 @@
 """
 import math
 import os
+import shutil
 import time
 from typing import NamedTuple
 
@@ -94,7 +95,8 @@ def builtin_rows(name: str) -> list[dict]:
 
 def resolve_model(path: str, cache_dir: str, build: bool = True) -> str:
     """A model folder: `path` itself, or a built-in model's folder in cache_dir, made
-    there (if `build`: rank 0) under a temporary name, renamed when complete."""
+    there (if `build`: rank 0) under a temporary name, renamed when complete; two processes
+    may build it at once."""
     if not path.startswith("builtin:"):
         return path
     builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}
@@ -102,8 +104,16 @@ def resolve_model(path: str, cache_dir: str, build: bool = True) -> str:
         raise ValueError(f"{path}: unknown built-in model; use one of {sorted(builders)}")
     out_dir = os.path.join(cache_dir, path.split(":")[1])
     if build and not os.path.isdir(out_dir):
-        builders[path](f"{out_dir}.tmp{os.getpid()}")
-        os.replace(f"{out_dir}.tmp{os.getpid()}", out_dir)
+        temporary = f"{out_dir}.tmp{os.getpid()}"
+        builders[path](temporary)
+        try:
+            os.replace(temporary, out_dir)
+        except OSError:
+            if not os.path.isdir(out_dir):
+                raise
+            # another process (a second run started beside this one) made it first: the
+            # builds are alike, so theirs is kept and this one's goes
+            shutil.rmtree(temporary)
     return out_dir
 
 

@@ -417,6 +417,33 @@ def test_a_stopped_saves_leftovers_count_as_free_and_go_only_after_the_checks(tm
 
 
 # -----------------------------------------------------------------------------------------
+# A built-in model made by two processes at once (two runs started side by side in a fresh
+# clone, as the studies' two streams): the one that renames second keeps the first's
+
+def test_a_built_in_model_built_twice_at_once_keeps_the_first_and_no_temporary(
+        tmp_path, monkeypatch):
+    import builtin
+    cache = tmp_path / "cache"
+
+    def build(out_dir, mine="second"):
+        os.makedirs(out_dir)
+        open(os.path.join(out_dir, "weights"), "w").write(mine)
+        if mine == "second":  # the rival finishes while this one builds
+            build(str(cache / "tiny.tmp1"), "first")
+            os.replace(cache / "tiny.tmp1", cache / "tiny")
+    monkeypatch.setattr(builtin, "build_tiny_model", build)
+    assert builtin.resolve_model("builtin:tiny", str(cache)) == str(cache / "tiny")
+    assert open(cache / "tiny" / "weights").read() == "first"
+    assert os.listdir(cache) == ["tiny"]
+    # a rename that fails for another reason is not hidden
+    monkeypatch.setattr(builtin.os, "replace", lambda a, b: (_ for _ in ()).throw(
+        PermissionError(a)))
+    monkeypatch.setattr(builtin, "build_tiny_model", lambda out_dir: os.makedirs(out_dir))
+    with pytest.raises(PermissionError):
+        builtin.resolve_model("builtin:tiny", str(tmp_path / "other"))
+
+
+# -----------------------------------------------------------------------------------------
 # The paper's rule, as the authors' math_dapo.compute_score reads an answer: the last
 # "(?i)Answer\s*:" line of the last 300 characters, after "=", normalised as Minerva, gold too
 
