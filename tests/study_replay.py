@@ -37,9 +37,9 @@ differences at equal responses (raw); the metering of generation; each arm's fir
 against the plan's commit; forest.png, curves.png, compute.png.
 
     python tests/study_replay.py --study dynamic --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 9 \
-        10 11 12 13 14 15 16 --dtype bfloat16 --out_dir runs/study-dynamic
+        10 11 12 13 14 15 16 --dtype float32 --out_dir runs/study-dynamic
     python tests/study_replay.py --study dynamic --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 9 \
-        10 11 12 13 14 15 16 --dtype bfloat16 --out_dir runs/study-dynamic --report_only
+        10 11 12 13 14 15 16 --dtype float32 --out_dir runs/study-dynamic --report_only
 
 Across sittings (--archive DIR): runs/ is not kept, so each run, as soon as it has finished, is
 copied into DIR under its name (DIR/seedS, DIR/seedS-A5, ...), reduced to what the report
@@ -1648,7 +1648,7 @@ def main():
                              "runs/study-dynamic-PRESET)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="one compute dtype for every run (auto: measured once, here); "
-                             "the plan pins bfloat16")
+                             "the plans pin bfloat16 (off-policy) and float32 (dynamic)")
     parser.add_argument("--with_a6", action="store_true",
                         help="also A6, the pool at T = 1.0 (dropped by the plan)")
     parser.add_argument("--report_only", action="store_true")
