@@ -654,6 +654,30 @@ def rescues(rows: list) -> tuple:
     return sum(r["rescued"] for r in rows), share
 
 
+def pools_lines(out: str, found: dict, seeds: list, replay_arms: list, cfg) -> list[str]:
+    """The "Pools and rescues" table: per seed the pool's prompts and, per arm on the pool, the
+    rescued visits of the training steps with their share (rescues()); '-' for an arm a seed
+    lacks."""
+    num_train = len(data.read_rows(cfg.train_file))
+    lines = ["", f"Per seed: the pool (prompts of the {num_train} training prompts with at least "
+             f"{cfg.min_successes} verified answers of K = {cfg.collect_k}), and the rescued "
+             f"visits of steps 1-{cfg.phase2_steps} (in brackets, of steps 1-3: their share of "
+             "the visits to pooled prompts):", "",
+             "| seed | pool | " + " | ".join(replay_arms) + " |",
+             "|---" * (len(replay_arms) + 2) + "|"]
+    for s in seeds:
+        main = os.path.join(out, f"seed{s}")
+        cells = [f"{len(data.read_jsonl(os.path.join(main, 'collect', 'pool.jsonl')))}"]
+        for arm in replay_arms:
+            if (s, arm) not in found:
+                cells.append("-")
+                continue
+            rescued, share = rescues(found[s, arm][2])
+            cells.append(f"{rescued} ({100 * share:.0f} %)")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def provenance(plan: str = "docs/study-plan.md") -> str:
     """The plan's commit and the code's, for the report."""
     def git(*args):
@@ -724,21 +748,8 @@ def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
         lines += kind_lines
         results["kinds"] = by_kind
     # the pools and the rescues
-    replay_arms = [arm for arm in names if names[arm][2] == "phase2"]
-    num_train = len(data.read_rows(cfg.train_file))
-    lines += ["", f"Per seed: the pool (prompts of the {num_train} training prompts with at least "
-              f"{cfg.min_successes} verified answers of K = {cfg.collect_k}), and the rescued "
-              f"visits of steps 1-{horizon} (in brackets, of steps 1-3: their share of the "
-              "visits to pooled prompts):", "",
-              "| seed | pool | " + " | ".join(replay_arms) + " |",
-              "|---" * (len(replay_arms) + 2) + "|"]
-    for s in seeds:
-        main = os.path.join(out, f"seed{s}")
-        cells = [f"{len(data.read_jsonl(os.path.join(main, 'collect', 'pool.jsonl')))}"]
-        for arm in replay_arms:
-            rescued, share = rescues(found[s, arm][2])
-            cells.append(f"{rescued} ({100 * share:.0f} %)")
-        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    lines += pools_lines(out, found, seeds, [arm for arm in names if names[arm][2] == "phase2"],
+                         cfg)
     # the mechanism
     mech = mechanism(found, seeds, cfg.n)
     results["mechanism"] = mech
@@ -1102,6 +1113,7 @@ def report_dynamic(out: str, seeds: list, family_seeds: list, cfg) -> dict:
                   *contrast_lines(rows)]
     lines += seed1_lines(out, found, cfg, results) if 1 in both else [
         "", "Seed 1 against the off-policy study: seed 1 has no A3 and A5 here."]
+    lines += pools_lines(out, found, both, ["A3", "A5", "A8"], cfg)
     if family_at:
         lines += dynamic_family_sections(out, found, family_at, cfg, names, per_point, avg,
                                          results)

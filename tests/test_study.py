@@ -477,6 +477,12 @@ def test_the_dynamic_report_on_synthetic_runs(tmp_path):
     # rescued 5, 4 of the 8 visits to pooled prompts in steps 1-3
     assert results["seed1"]["check"].startswith("not checked: the published numbers are")
     assert "| here | 3 | 5 (50 %) | 5 (50 %) |" in open(tmp_path / "table.md").read()
+    # pools and rescues: seed 1 rescued 5 of its visits (4 of the 8 in steps 1-3), seed 2 and 3
+    # 2 (2 of 4); seed 3 has no A8
+    assert ["| 1 | 3 | 5 (50 %) | 5 (50 %) | 5 (50 %) |", "| 2 | 3 | 2 (50 %) | 2 (50 %) | "
+            "2 (50 %) |", "| 3 | 3 | 2 (50 %) | 2 (50 %) | - |"] == \
+        [line for line in open(tmp_path / "table.md").read().splitlines()
+         if line.startswith(("| 1 | 3 |", "| 2 | 3 |", "| 3 | 3 |"))]
     as_cpu_hard = study.report_dynamic(out, [1, 2, 3], [1, 2, 3],
                                        dataclasses.replace(cfg, preset="cpu-hard"))
     assert as_cpu_hard["seed1"]["check"].startswith("differs: pool 3 prompts, published 38; "
