@@ -1,14 +1,17 @@
-"""The built-in tasks and models of the tiny, cpu and cpu-hard presets, made here and offline
-(nothing comes from a model or dataset hub), and the precision a CPU trains in.
+"""Where a run's model comes from (a folder, a hub model fetched once, or a built-in model of
+the tiny, cpu and cpu-hard presets, made here and offline), the built-in tasks, and the
+precision a CPU trains in.
 
     builtin_rows       builtin:tiny|arith|arith-mix:train|val, the presets' problems
     resolve_model      builtin:tiny (a 116k-parameter Qwen2 given a supervised warm-up) and
-                       builtin:smollm2 (SmolLM2-135M-Instruct, from PyPI's GGUF), made once
+                       builtin:smollm2 (SmolLM2-135M-Instruct, from PyPI's GGUF), made once;
+                       a hub model (Qwen/Qwen2.5-Math-1.5B) fetched once
     resolve_dtype      float32 or bfloat16: on a CPU, whichever trains faster here, measured
                        (linear_gflops); a CPU may emulate bf16
 """
 import math
 import os
+import re
 import shutil
 import time
 from typing import NamedTuple
@@ -94,9 +97,19 @@ def builtin_rows(name: str) -> list[dict]:
 # Built-in models: made once in the cache folder, offline
 
 def resolve_model(path: str, cache_dir: str, build: bool = True) -> str:
-    """A model folder: `path` itself, or a built-in model's folder in cache_dir, made
-    there (if `build`: rank 0) under a temporary name, renamed when complete; two processes
-    may build it at once."""
+    """A model folder: `path` itself; a hub model's (namespace/name, not a folder here)
+    fetched once into huggingface_hub's cache, where a later call (HF_HUB_OFFLINE=1 too) finds
+    it; or a built-in model's folder in cache_dir, made there (if `build`) under a temporary
+    name, renamed when complete; two processes may build it at once."""
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not os.path.exists(path):
+        from huggingface_hub import snapshot_download
+        try:
+            # what transformers and vLLM read: config, tokenizer, safetensors weights
+            return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt",
+                                                           "*.model", "*.jinja"])
+        except Exception as e:  # offline and not cached, no such repo, no network
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{path}: cannot fetch it from the hub ({reason})") from None
     if not path.startswith("builtin:"):
         return path
     builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}

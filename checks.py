@@ -6,7 +6,7 @@ starts.
                       the legal but surprising ones
     resume_changes    the fields a --resume command changes: refused, or with --override
                       recorded in config.json
-    check_model       --model_path: a model folder (or a hub name, left to transformers)
+    check_model       --model_path: a model folder (a hub name is fetched into one before)
     check_start       rank 0's checks of what a command reads: the run in out_dir, the model,
                       the files row by row, the pool, the disk
     dataclass_flags   the command line: a flag per Config field, its comment the help
@@ -134,13 +134,10 @@ def resume_changes(cfg, saved: dict, at: dict) -> list[dict]:
 
 
 def check_model(path: str):
-    """--model_path: a model folder; a hub name (namespace/name) that is no folder here is
-    left to transformers."""
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not os.path.exists(path):
-        return
+    """--model_path: a model folder (a hub name is fetched into one before: resolve_model)."""
     if not os.path.isdir(path):
         raise UserError(f"--model_path {path}: no such folder (a hub name like Qwen/Qwen2.5-Math"
-                        "-7B is downloaded by transformers where a network is reachable)")
+                        "-7B is fetched once into huggingface_hub's cache)")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise UserError(f"--model_path {path}: not a model folder (no config.json)")
 
@@ -149,9 +146,10 @@ def read_inputs(cfg) -> tuple:
     """The training rows (phase two reads them only to visit every prompt), the validation
     rows, the pool given with --pool (None without)."""
     needs_rows = cfg.phase != "2" or cfg.phase2_prompts == "all"
-    train_rows = read_rows(cfg.train_file) if needs_rows else []
-    val_rows = read_rows(cfg.val_file) if cfg.val_every else []
-    return train_rows, val_rows, load_pool(cfg.pool) if cfg.pool else None
+    train_rows = read_rows(cfg.train_file, cache_dir=cfg.cache_dir) if needs_rows else []
+    val_rows = read_rows(cfg.val_file, cache_dir=cfg.cache_dir) if cfg.val_every else []
+    pool = load_pool(cfg.pool, cfg.cache_dir) if cfg.pool else None
+    return train_rows, val_rows, pool
 
 
 def check_start(cfg, model_path: str, world_size: int, kept: dict) -> dict:
@@ -176,7 +174,7 @@ def check_start(cfg, model_path: str, world_size: int, kept: dict) -> dict:
     check_model(model_path)
     try:
         AutoTokenizer.from_pretrained(model_path)
-    except OSError as e:  # a hub name offline, a folder without a tokenizer
+    except OSError as e:  # a folder without a tokenizer
         raise UserError(f"--model_path {model_path}: {str(e).splitlines()[0]}") from None
     inputs = train_rows, _, pool = read_inputs(cfg)
     # the parts whose prompts are known now (a pool still to be collected is not)

@@ -14,9 +14,11 @@ The built-in tasks and models of the small presets are in builtin.py.
 """
 import collections
 import contextlib
+import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 from dataclasses import asdict
 
@@ -112,6 +114,9 @@ def from_dapo_schema(raw: dict, where: str) -> dict:
         "responses": reward_model.get("candidates"),
     }
 
+# the keys normalize_row reads (a parquet file's other columns are not read)
+row_columns = {"id", "problem", "answer", "prompt", "reward_model", "responses", "data_source"}
+
 def normalize_row(raw: dict, where: str) -> dict:
     """A DAPO row or {"problem", "answer" [, "responses"]}, checked."""
     if not isinstance(raw, dict):
@@ -143,23 +148,26 @@ def normalize_row(raw: dict, where: str) -> dict:
     }
     return {k: v for k, v in row.items() if v is not None}
 
-def read_rows(path: str, pool: bool = False) -> list[dict]:
-    """The rows of a JSONL or parquet file (or a built-in task), de-duplicated by problem
-    text, in file order. pool: each row must carry responses; a DAPO row without
-    candidates is left out, and the rows left out are counted in a line."""
+def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> list[dict]:
+    """The rows of a JSONL or parquet file (a local path or a hub file, local_file's), or of a
+    built-in task, de-duplicated by problem text, in file order. A row is held only once it is
+    new: the paper's parquet repeats each of ~17.9k prompts ~100 times, and its 1.8 M rows are
+    read a batch at a time (docs/gpu.md: host memory). pool: each row must carry responses; a
+    DAPO row without candidates is left out, and the rows left out are counted in a line."""
     if path.startswith("builtin:"):
         try:
             return builtin_rows(path)
         except ValueError as e:
             raise UserError(str(e)) from None
-    if not os.path.isfile(path):
+    local = local_file(path, cache_dir)
+    if not os.path.isfile(local):
         raise UserError(f"{path}: no such data file")
-    if not path.endswith((".parquet", ".jsonl", ".json")):
+    if not local.endswith((".parquet", ".jsonl", ".json")):
         raise UserError(f"{path}: unknown format (use .jsonl or .parquet)")
-    if path.endswith(".parquet"):
-        lines = enumerate(parquet_rows(path), start=1)
+    if local.endswith(".parquet"):
+        lines = enumerate(parquet_rows(local, path), start=1)
     else:
-        lines = [(i, text) for i, text in enumerate(text_lines(path), start=1)
+        lines = [(i, text) for i, text in enumerate(text_lines(local, path), start=1)
                  if text.strip()]
     rows, left_out = {}, 0
     for i, raw in lines:
@@ -185,30 +193,75 @@ def read_rows(path: str, pool: bool = False) -> list[dict]:
         raise UserError(f"{path}: no rows{pooled if pool else ''}")
     return list(rows.values())
 
-def text_lines(path: str) -> list[str]:
-    """A JSONL file's lines, each decoded on its own: a bad byte is named by row."""
+def text_lines(path: str, name: str) -> list[str]:
+    """A JSONL file's lines, each decoded on its own: a bad byte is named by row (in the file
+    the user named)."""
     lines = []
     with open(path, "rb") as f:
         for i, line in enumerate(f, start=1):
             try:
                 lines.append(line.decode("utf-8"))
             except UnicodeDecodeError as e:
-                raise UserError(f"{path}: row {i}: not UTF-8 (byte 0x{line[e.start]:02x} at "
+                raise UserError(f"{name}: row {i}: not UTF-8 (byte 0x{line[e.start]:02x} at "
                                 f"offset {e.start})") from None
     return lines
 
-def parquet_rows(path: str) -> list[dict]:
+def parquet_rows(path: str, name: str):
+    """A parquet file's rows, a batch at a time, with only the columns a row is made of (the
+    DAPO file's extra_info and ability are never read); errors name the file the user named."""
     # only parquet needs it
     import pyarrow.parquet
     try:
-        table = pyarrow.parquet.read_table(path)
+        parquet = pyarrow.parquet.ParquetFile(path)
     except pyarrow.ArrowException as e:
-        raise UserError(f"{path}: not a readable parquet file ({e})") from None
-    names = set(table.column_names)
+        raise UserError(f"{name}: not a readable parquet file ({e})") from None
+    names = set(parquet.schema_arrow.names)
     if not ({"problem", "answer"} <= names or {"prompt", "reward_model"} <= names):
-        raise UserError(f"{path}: columns {sorted(names)}; wanted problem and answer, or "
+        raise UserError(f"{name}: columns {sorted(names)}; wanted problem and answer, or "
                         "DAPO's prompt and reward_model")
-    return table.to_pylist()
+    read = [c for c in parquet.schema_arrow.names if c in row_columns]
+    # a batch of the authors' pool rows (up to 64 answers each) is still a few hundred MB
+    for batch in parquet.iter_batches(batch_size=4096, columns=read):
+        yield from batch.to_pylist()
+
+# A hub dataset file, in huggingface_hub's convention: hf://datasets/ORG/NAME[@REVISION]/PATH
+hub_file = re.compile(r"hf://datasets/([\w.-]+/[\w.-]+)(?:@([^/]+))?/(.+)")
+
+def local_file(path: str, cache_dir: str) -> str:
+    """A data file on this machine: `path` itself, or a hub dataset file (hub_file) fetched
+    once into huggingface_hub's cache, where a later run (HF_HUB_OFFLINE=1 too) finds it. A
+    PATH ending in `.part-*` names the pieces of one file (the authors' pool ships so): each
+    fetched, then joined in name order into cache_dir, once."""
+    if not path.startswith("hf://"):
+        return path
+    match = hub_file.fullmatch(path)
+    if not match:
+        raise UserError(f"{path}: a hub data file is hf://datasets/ORG/NAME[@REVISION]/PATH")
+    repo, revision, name = match.groups()
+    from huggingface_hub import hf_hub_download, snapshot_download
+    try:
+        if not name.endswith(".part-*"):
+            return hf_hub_download(repo, name, repo_type="dataset", revision=revision)
+        folder = snapshot_download(repo, repo_type="dataset", revision=revision,
+                                   allow_patterns=[name])
+    except Exception as e:  # offline and not cached, no such repo or file, no network
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{path}: cannot fetch it ({reason})") from None
+    pieces = sorted(glob.glob(os.path.join(folder, glob.escape(name[:-1]) + "*")))
+    if not pieces:
+        raise UserError(f"{path}: no such pieces in {repo}")
+    # the snapshot's folder name is its commit: another revision joins anew
+    joined = os.path.join(cache_dir, "hub", repo.replace("/", "--"),
+                          os.path.basename(folder), name[:-len(".part-*")])
+    if not os.path.isfile(joined):
+        os.makedirs(os.path.dirname(joined), exist_ok=True)
+        with open(f"{joined}.tmp{os.getpid()}", "wb") as out:
+            for piece in pieces:
+                with open(piece, "rb") as f:
+                    shutil.copyfileobj(f, out)
+        os.replace(f"{joined}.tmp{os.getpid()}", joined)
+        print(f"{path}: {len(pieces)} pieces joined into {joined}", flush=True)
+    return joined
 
 def save_pool(path: str, rows: list[dict]):
     keys = ("id", "problem", "answer", "responses", "prompt")
@@ -229,10 +282,10 @@ def read_collection(out: str) -> tuple[bool, dict]:
     successes = {row["id"]: row["successes"] for row in done}
     return os.path.isfile(os.path.join(out, "pool.jsonl")), successes
 
-def load_pool(path: str) -> list[dict]:
+def load_pool(path: str, cache_dir: str = ".cache/rlep") -> list[dict]:
     """A pool file: our pool.jsonl, or any data file whose rows carry responses (DAPO:
     reward_model.candidates), read whole or refused."""
-    return read_rows(path, pool=True)
+    return read_rows(path, pool=True, cache_dir=cache_dir)
 
 
 # ---------------------------------------------------------------------------

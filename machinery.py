@@ -9,6 +9,7 @@ Object collectives cost what they carry: `rank0_decides` broadcasts rank 0's ans
 all W of them), and `gather_to_rank0` brings results to the one rank that writes them."""
 import collections
 import datetime
+import io
 import logging
 import math
 import os
@@ -196,9 +197,11 @@ class Engine:
         engine parameter's [elements, float64 sum]."""
         # tied weights too: a level-2 sleep dropped them all
         for name, tensor in model.state_dict().items():
-            if isinstance(tensor, DTensor):
-                tensor = tensor.full_tensor()
+            # the shard cast, then gathered: the cast is elementwise, so the same bits as
+            # gathering first, in half the bytes for bf16 (15 GB a push for 7B, not 30.5)
             full = tensor.detach().to(self.dtype)
+            if isinstance(full, DTensor):
+                full = full.full_tensor()
             record = pushed.setdefault(engine_name(name), [0, 0.0])
             record[0] += full.numel()
             record[1] += float64_sum(full)
@@ -226,9 +229,8 @@ class Engine:
                                "a level-2 sleep it holds garbage)")
 
     def shutdown(self):
-        if self.llm.llm_engine.is_sleeping():
-            # shutting down asleep can print CUDA errors
-            self.llm.wake_up()
+        """Asleep or not: waking first would ask for the memory again, and after a trainer's
+        out-of-memory error it would fail and hide that error."""
         # vLLM's groups, then torchrun's too (both 0.32 and 0.33 call
         # destroy_process_group): no collective after this; main checks is_initialized
         self.llm.llm_engine.engine_core.shutdown()
@@ -454,7 +456,7 @@ def exchange(outgoing: list[list], d: Dist) -> list:
     if not d.distributed:
         return outgoing[0]
     kept = outgoing[d.rank]  # not through pickle
-    payloads = [pickle.dumps([] if r == d.rank else items) for r, items in enumerate(outgoing)]
+    payloads = [row_bytes([] if r == d.rank else items) for r, items in enumerate(outgoing)]
     send_sizes = torch.tensor([len(p) for p in payloads])
     recv_sizes = torch.empty_like(send_sizes)
     dist.all_to_all_single(recv_sizes, send_sizes)
@@ -467,6 +469,22 @@ def exchange(outgoing: list[list], d: Dist) -> list:
         items += kept if rank == d.rank else pickle.loads(part)
         start += size
     return items
+
+class RowPickler(pickle.Pickler):
+    """Rows cross ranks as plain data (token ids, floats): a tensor in one would be restored
+    on the sender's device index on the receiver (rank 5's cuda:5 tensor on rank 2's
+    cuda:5), so one is refused."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            raise TypeError(f"exchange: a row carries a tensor ({obj.dtype}, {obj.device}); rows "
+                            "cross ranks as plain data, made before any tensor of theirs")
+        return NotImplemented
+
+def row_bytes(items: list) -> bytes:
+    buffer = io.BytesIO()
+    RowPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(items)
+    return buffer.getvalue()
 
 def step_rows(my_groups: dict, sizes: dict, num_updates: int, split: Split, d: Dist) -> dict:
     """The rows this rank trains in the step, {(position, sample): sample}: those of its

@@ -11,11 +11,9 @@ solve yet. `# RLEP:` tags each line where the paper's method differs from DAPO (
 Run:
     python rlep.py                  # preset cpu: SmolLM2-135M on arithmetic, CPU only
     python rlep.py --preset tiny    # a tiny random model, seconds a step (the tests')
-    torchrun --standalone --nproc_per_node=8 rlep.py --preset paper \\
-        --model_path Qwen2.5-Math-7B --train_file dapo-math-17k.parquet \\
-        --val_file dapo_format_aime2024_aime2025_amc2023.parquet
+    torchrun --standalone --nproc_per_node=8 rlep.py --preset node    # one node, 1.5B, ~4 h
 Every Config field is a flag (`--lr 2e-6`); `--phase 2 --pool FILE` runs one part;
-`--resume` continues a run; README.md has the 64-GPU command.
+`--resume` continues a run; README.md has the paper's 64-GPU command (--preset paper).
 
 Symbols: B prompts a step, each a group of n fresh rollouts + m replays, G = n + m; T the
 temperature; N a mini-batch's response tokens on all ranks; W ranks; shapes: S samples, L a
@@ -73,13 +71,13 @@ from tqdm import tqdm
 
 import verify
 from builtin import resolve_dtype, resolve_model
-from checks import check_config, check_start, dataclass_flags, read_inputs, stop_line
+from checks import check_config, check_start, dataclass_flags, stop_line
 from data import (UserError, append_jsonl, checkpoint_path, final_report, load_pool,
                   load_trainer_state, log_step, logprob_gaps, protected_steps, resume_point,
                   progress_row, read_collection, read_jsonl, remove_leftovers, save_checkpoint,
                   save_plan, save_pool, start_wandb, save_config, step_counts, step_record,
                   finish_wandb, track, write_atomic)
-from machinery import (Completion, Dist, Engine, Split, TokenLogProbs, barrier,
+from machinery import (Completion, Dist, Engine, Split, TokenLogProbs,
                        epoch_mini_batches, first_flagged, gather_lists, gather_to_rank0,
                        group_sizes, load_model, rank0_decides, setup_distributed, shard,
                        start_engine, step_rows)
@@ -92,12 +90,17 @@ dapo_template = (
     "be of the form Answer: $Answer (without quotes) where $Answer is the answer to the "
     "problem.\n\n{problem}\n\nRemember to put your answer on its own line after \"Answer:\".")
 
+# The paper's data on the hub (hf://datasets/ORG/NAME/PATH, huggingface_hub's convention):
+# fetched once into its cache (data.local_file)
+dapo_train = "hf://datasets/BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet"
+rlep_val = "hf://datasets/Kwai-Klear/RLEP_dataset/dapo_format_aime2024_aime2025_amc2023.parquet"
+
 @dataclass
 class Config:
     # --- data and model
-    model_path: str = "Qwen/Qwen2.5-Math-7B"  # π_θ0, where both phases start (a folder)
-    train_file: str = "dapo-math-17k.parquet"  # D: DAPO parquet, {problem, answer} .jsonl
-    val_file: str = "dapo_format_aime2024_aime2025_amc2023.parquet"  # as D; avg@k per source
+    model_path: str = "Qwen/Qwen2.5-Math-7B"  # π_θ0, where both phases start: a folder or hub name
+    train_file: str = dapo_train  # D: DAPO parquet, {problem, answer} .jsonl; local or hf://
+    val_file: str = rlep_val  # as D: AIME-2024, AIME-2025, AMC-2023; avg@k per data source
     prompt_template: str = dapo_template  # for plain {"problem", "answer"} rows
     out_dir: str = "runs/paper"  # config, a folder per part, checkpoints, metrics
 
@@ -165,11 +168,19 @@ class Config:
     log_samples: int = 2  # completions per step in samples.jsonl
     progress: bool = True  # tqdm bars on rank 0 for long generation
     cache_dir: str = ".cache/rlep"  # where built-in models are made
-    preset: str = "cpu"  # {paper, tiny, cpu, cpu-hard}: applied before the other flags
+    preset: str = "cpu"  # {paper, node, tiny, cpu, cpu-hard}: applied before the other flags
     wandb_project: str = ""  # live curves in this W&B project (pip install wandb); "": off
 
 presets = {
     "paper": {},
+    # One node of 8 x 80 GB GPUs, phase one, the collection and phase two in about 5 hours
+    # (docs/gpu.md: the node preset, an estimate): Qwen2.5-Math-1.5B, whose context is the
+    # 7B's 4,096 tokens, on the paper's data and lengths. The paper's ratios at half its
+    # prompts a step: m : n = 1 : 8, 8 updates a step (9 with replays); K = 16 of 64.
+    "node": dict(
+        model_path="Qwen/Qwen2.5-Math-1.5B", out_dir="runs/node", prompts_per_step=256, n=8,
+        replay_m=1, mini_batch_prompts=32, micro_batch_tokens=32768, phase1_steps=150,
+        collect_step=150, collect_k=16, phase2_steps=150, val_every=10, val_k=16),
     # A tiny random Qwen2, given seconds of
     # supervised warm-up, on 1-digit sums.
     "tiny": dict(
@@ -210,6 +221,10 @@ def parse_config(argv=None) -> Config:
     for name, flag in dataclass_flags(Config):
         parser.add_argument(f"--{name}", **flag)
     args = vars(parser.parse_args(argv))
+    if "preset" not in args and torch.cuda.is_available():
+        # the default, cpu, is SmolLM2 on arithmetic: not what a GPU is for
+        parser.error("on GPUs, choose: --preset node (one node of 8, Qwen2.5-Math-1.5B, "
+                     "about 6 hours) or --preset paper (the paper's 64, Qwen2.5-Math-7B)")
     preset = presets[args.get("preset", Config.preset)]
     cfg = Config(**{**preset, **args})
     if cfg.share_prompts and cfg.micro_batch_tokens:
@@ -738,17 +753,21 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
     out = os.path.join(cfg.out_dir, "collect")
     pool_path = os.path.join(out, "pool.jsonl")
     progress_path = os.path.join(out, "progress.jsonl")
-    # rank 0 reads the progress and keeps the answers
-    # (it writes the pool); the others need only whether
-    # the pool exists and which prompts are done
-    written, successes = read_collection(out) if d.master_process else (False, {})
-    pooled, done = rank0_decides(lambda: (written, set(successes)), d)
+    ckpt = checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
+    successes = {}  # rank 0's: it writes the pool
+
+    def where_to_start():
+        # rank 0's view of the folder for every rank: a shared filesystem can show the
+        # ranks different files (rank0_decides); the others need only which prompts are done
+        written, successes_so_far = read_collection(out)
+        if not written and not os.path.isdir(ckpt):
+            raise UserError(f"{ckpt}: phase one has no checkpoint at --collect_step "
+                            f"{cfg.collect_step}")
+        successes.update(successes_so_far)
+        return written, set(successes_so_far)
+    pooled, done = rank0_decides(where_to_start, d)
     if pooled:
         return
-    ckpt = checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
-    if not os.path.isdir(ckpt):
-        raise UserError(f"{ckpt}: phase one has no checkpoint at --collect_step "
-                        f"{cfg.collect_step}")
     os.makedirs(out, exist_ok=True)
     stage[0] = "the collection"
     todo = [row for row in rows if row["id"] not in done]
@@ -791,8 +810,9 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
 def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict],
               engine: Engine, tokenizer, end_id: int, base_path: str, d: Dist,
               val_rows: list[dict]):
-    # RLEP: the pool given with --pool, else the collection's
-    pool = given_pool or load_pool(os.path.join(cfg.out_dir, "collect", "pool.jsonl"))  # RLEP
+    # RLEP: the pool given with --pool, else the collection's (read by rank 0, for all)
+    collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
+    pool = given_pool or rank0_decides(lambda: load_pool(collected), d)  # RLEP
     rows = pool
     if cfg.phase2_prompts == "all":
         # control: every training prompt, with
@@ -817,12 +837,12 @@ def main(argv=None):
         if d.master_process:
             print(f"rlep.py: warning: {warning}", file=sys.stderr, flush=True)
     try:
-        # a folder as given, or a built-in model made once (by rank 0)
-        model_path = resolve_model(cfg.model_path, cfg.cache_dir, build=d.master_process)
-    except ValueError as e:  # an unknown built-in model
+        # a folder as given, a built-in model made or a hub model fetched: by rank 0 first,
+        # once; then every rank finds it
+        rank0_decides(lambda: resolve_model(cfg.model_path, cfg.cache_dir), d)
+        model_path = resolve_model(cfg.model_path, cfg.cache_dir)
+    except ValueError as e:  # an unknown built-in model, a hub name that cannot be fetched
         raise UserError(f"--model_path {e}") from None
-    # every rank has the model before rank 0 reads it
-    barrier(d)
     # rank 0 checks the run, the model, each row, the pool
     # and the disk; every rank gets its config or refusal
     checked = {}  # rank 0's, the rows it read too
@@ -846,8 +866,9 @@ def main(argv=None):
         if cfg.wandb_project:
             name = f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{cfg.preset}"
             start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
-    # rank 0 read them in its checks
-    train_rows, val_rows, given_pool = checked.get("inputs") or read_inputs(cfg)
+    # the rows rank 0 read and checked, for every rank: one read of the files, not W (the
+    # paper's parquet holds 1.8 M rows for ~17.9k prompts)
+    train_rows, val_rows, given_pool = rank0_decides(lambda: checked["inputs"], d)
     baseline_on_pool = cfg.phase1_prompts == "pool"  # control
 
     engine = build_engine(cfg, model_path, d)

@@ -163,6 +163,16 @@ def main():
                   + f" passes={passes:.1f} heaviest_tokens={heaviest:.0f}"
                   f" micro_batch_size={cfg.micro_batch_size} "
                   f"micro_batch_tokens={cfg.micro_batch_tokens}")
+    # what step_rows' exchange sends of a row: its token ids (Qwen's vocabulary) and vLLM's
+    # log-prob of each fresh token, pickled as machinery.exchange pickles them
+    rng = np.random.default_rng(args.seed)
+    prompt = rng.integers(0, 151936, 250).tolist()  # a group's rows share their prompt's list
+    lengths = draw_lengths(rng, cfg.n)
+    rows = [((0, i), rlep.Sample(prompt, rng.integers(0, 151936, length).tolist(), True, 1.0,
+                                 vllm_logprobs=(-rng.random(length)).tolist()))
+            for i, length in enumerate(lengths)]
+    print(f"exchange: {len(machinery.row_bytes(rows)) / lengths.sum():.1f} bytes a response "
+          "token (machinery.row_bytes of a group's rows)")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ LM head over all S). --peak_tflops: default 989 (H100 SXM dense bf16 spec); an H
 dense bf16 is ~790 TFLOP/s: pass --peak_tflops 790.
 """
 import argparse
+import dataclasses
 import math
 import os
 import sys
@@ -61,6 +62,7 @@ repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo_root)
 import builtin  # noqa: E402
 import checks  # noqa: E402
+import data  # noqa: E402
 import machinery  # noqa: E402
 import rlep  # noqa: E402
 
@@ -69,6 +71,10 @@ import rlep  # noqa: E402
 model_shapes = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=2, num_key_value_heads=1, vocab_size=2048,
+                 tie_word_embeddings=True),
+    # Qwen2.5-Math-1.5B, the node preset's: tied embeddings
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                 num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
                  tie_word_embeddings=True),
     "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
@@ -194,10 +200,9 @@ def train_step(policy, optimizer, batch, cfg, autocast):
     return {name: timed_stage(batch["input_ids"].device, fn) for name, fn in stages}
 
 
-def budget(model, ranks, gpu_gib):
-    """Per-GPU terms of rlep under FSDP2 over `ranks`, GiB: {tag: (label, GiB)}; "(est.)" marks
-    estimates."""
-    cfg = rlep.Config()
+def budget(model, ranks, gpu_gib, cfg):
+    """Per-GPU terms of rlep under FSDP2 over `ranks` for the preset `cfg`, GiB: {tag: (label,
+    GiB)}; "(est.)" marks estimates."""
     c = model.config
     params = sum(p.numel() for p in model.parameters())
     layer = sum(p.numel() for p in model.model.layers[0].parameters())
@@ -241,9 +246,11 @@ def budget(model, ranks, gpu_gib):
         "VS": ("vLLM asleep, level 2 (est.)", 1.5 * gib),
         "VW": ("vLLM bf16 weights, 2 B x P (awake alone during a push: KV cache woken after)",
                2 * params),
-        # the push check sums in float64 a chunk of 2**24 elements at a time (rlep.float64_sum)
-        "PT": (f"push transient, largest param ({largest / 1e6:.0f} M): full fp32 + bf16 copy, "
-               "6 B, + float64 check sum, 16 M at a time", 6 * largest + 8 * 2 ** 24),
+        # the shard cast to bf16, then gathered; the push check sums in float64 a chunk of 2**24
+        # elements at a time (machinery.float64_sum)
+        "PT": (f"push transient, largest param ({largest / 1e6:.0f} M): bf16 shard + full bf16, "
+               "2 B, + float64 check sum, 16 M at a time",
+               2 * largest * (1 + 1 / ranks) + 8 * 2 ** 24),
         "SV": ("checkpoint save, vLLM awake: one full fp32 param gathered, 4 B x largest",
                4 * largest),
         # fully_shard moves a unit whole to the GPU, then keeps its shard: the root comes last
@@ -290,11 +297,11 @@ def kv_sequences(info, utilization) -> int:
     return max(0, int(kv_gib // info["kv_seq_gib"]))
 
 
-def fit(model, ranks, gpu_gib, limit, rows=(1, 2, 4, 8)):
+def fit(model, ranks, gpu_gib, limit, cfg, rows=(1, 2, 4, 8)):
     """The largest gpu_memory_utilization U (0.05 steps, a KV cache of >= 1 sequence) and
     micro_batch_tokens M (`rows` full-length rows) whose phases are all within `limit` (None
     where none is), the worst phase then, and the budget."""
-    t, info = budget(model, ranks, gpu_gib)
+    t, info = budget(model, ranks, gpu_gib, cfg)
     seq = info["seq"]
     fits_u = [u / 100 for u in range(5, 100, 5) if kv_sequences(info, u / 100) >= 1
               and max(size for _, _, size in phases(t, info, u / 100, seq)[:2]) <= limit]
@@ -306,20 +313,20 @@ def fit(model, ranks, gpu_gib, limit, rows=(1, 2, 4, 8)):
     return u, m, worst, t, info
 
 
-def verdict(name, model, args) -> str:
+def verdict(name, model, args, cfg) -> str:
     gpu = args.gpu_gib
     limit = args.limit_gib
-    n = rlep.Config.n
+    n = cfg.n
 
     def setting(ranks):
-        u, m, worst, _, info = fit(model, ranks, gpu, limit)
+        u, m, worst, _, info = fit(model, ranks, gpu, limit, cfg)
         return (f"every phase <= {worst:.1f} GiB (limit {limit:.0f} GiB) with "
                 f"gpu_memory_utilization {u:.2f} and micro_batch_tokens {m} "
                 f"(KV cache: {kv_sequences(info, u)} sequences of {info['seq']} tokens)")
 
     # the phases over the limit with one sequence in flight: KV for one, one row a micro-batch
     def over(ranks):
-        t, info = budget(model, ranks, gpu)
+        t, info = budget(model, ranks, gpu, cfg)
         with_kv = [u / 100 for u in range(5, 100, 5) if kv_sequences(info, u / 100) >= 1]
         u = min(with_kv, default=None)
         found = [f"{p}: {size:.1f}" for p, _, size in phases(t, info, u or 0, info["seq"])
@@ -329,17 +336,17 @@ def verdict(name, model, args) -> str:
                          f"(bf16 weights {2 * info['params'] / gib:.0f} GiB)")
         return "; ".join(found)
     head = f"{name.upper()} on {args.ranks} x {'80 GB' if gpu == 79.6 else f'{gpu:g} GiB'}: "
-    u, m, worst, _, info = fit(model, args.ranks, gpu, limit)
+    u, m, worst, _, info = fit(model, args.ranks, gpu, limit, cfg)
     if u and m:
         few = (kv_sequences(info, u) < n and args.ranks < 16
-               and all(fit(model, 16, gpu, limit)[:2]))
+               and all(fit(model, 16, gpu, limit, cfg)[:2]))
         text = head + "fits, " + setting(args.ranks)
         if few:
             text += (f"; that KV cache holds fewer than one prompt's n = {n} full-length "
                      f"responses; on 16 ranks: {setting(16)}")
         return text
     more = next((r for r in (16, 32, 64)
-                 if r > args.ranks and all(fit(model, r, gpu, limit)[:2])), None)
+                 if r > args.ranks and all(fit(model, r, gpu, limit, cfg)[:2])), None)
     text = (head + f"DOES NOT FIT within {limit:.0f} GiB, not even with one sequence in flight "
             f"(GiB: {over(args.ranks)}); ")
     if more:
@@ -348,8 +355,8 @@ def verdict(name, model, args) -> str:
             "rlep's one vLLM engine per GPU (TP 1) holds all the bf16 weights")
 
 
-def print_budget(name, model, args):
-    t, info = budget(model, args.ranks, args.gpu_gib)
+def print_budget(name, model, args, cfg):
+    t, info = budget(model, args.ranks, args.gpu_gib, cfg)
     u = args.gpu_memory_utilization
     limit = args.limit_gib
     print(f"per-GPU budget, {name}: {info['params'] / 1e9:.3f} B params, FSDP2 over {args.ranks} "
@@ -378,16 +385,16 @@ def print_budget(name, model, args):
           f"at {info['kv_token'] // 1024} KiB per token = {kv_sequences(info, u)} concurrent "
           f"sequences of {info['seq']} tokens (1024 prompt + 3072 response; more when responses "
           "are shorter or a prompt's n responses share its cached blocks)")
-    print(verdict(name, model, args))
-    preset = rlep.Config.micro_batch_tokens
+    print(verdict(name, model, args, cfg))
+    preset = cfg.micro_batch_tokens
     worst = max(size for _, _, size in phases(t, info, u, preset))
-    print(f"the paper preset (gpu_memory_utilization {u}, micro_batch_tokens {preset}): every "
-          f"phase <= {worst:.1f} GiB (limit {limit:.0f} GiB)")
-    print_disk(info["params"])
+    print(f"the {cfg.preset} preset (gpu_memory_utilization {u}, micro_batch_tokens {preset}): "
+          f"every phase <= {worst:.1f} GiB (limit {limit:.0f} GiB)")
+    print_disk(info["params"], cfg)
 
 
-def print_disk(params):
-    """checks.disk_budget, the function a run checks its disk with, for the paper preset on an
+def print_disk(params, cfg):
+    """checks.disk_budget, the function a run checks its disk with, for the preset `cfg` on an
     empty output folder: per command and for --keep_checkpoints 0."""
     gb = 1e9
     commands = [("--phase all", {}), ("--phase 1", {"phase": "1"}), ("--phase 2", {"phase": "2"}),
@@ -396,15 +403,124 @@ def print_disk(params):
         # the weights and AdamW's moments, 12 bytes a parameter (checkpoint_size adds the
         # tokenizer and records, which need the model folder)
         size = checks.CheckpointSize(whole=12 * params, weights=4 * params)
-        need = checks.disk_budget(rlep.Config(**flags), size, held={})
-        print(f"disk, paper preset, {command}: checkpoints peak at {need['peak'] / gb:.1f} GB "
-              f"= {need['peak'] / need['per_checkpoint']:.0f} x {need['per_checkpoint'] / gb:.1f} "
-              "GB")
+        need = checks.disk_budget(dataclasses.replace(cfg, **flags), size, held={})
+        print(f"disk, {cfg.preset} preset, {command}: checkpoints peak at "
+              f"{need['peak'] / gb:.1f} GB = {need['peak'] / need['per_checkpoint']:.0f} x "
+              f"{need['per_checkpoint'] / gb:.1f} GB")
+
+
+# The time table's assumptions, each an estimate (docs/gpu.md: the node preset). An H100 SXM
+# 80 GB: HBM3 at 3.35 TB/s (its datasheet), of which decoding reads at ~60 %; a decode iteration
+# of vLLM with CUDA graphs costs ~3 ms beside its reads (scheduler, sampler, launch: a 1.5B model
+# decodes one sequence at ~200 tokens/s); DAPO's prompts ~250 tokens with the chat template and
+# responses ~1,000 on average, the longest at L_max in every generation call (a base model's
+# repetition runs to the limit); bf16 matmuls at `mfu` of 989 TFLOP/s (30 % for 1.5B, 45 % for
+# 7B, whose matmuls are wider); NVLink's all-gather ~300 GB/s a GPU in a node, InfiniBand ~50 GB/s
+# across nodes; a checkpoint written at ~1.5 GB/s.
+timing = dict(hbm_bytes_s=0.6 * 3.35e12, iteration_s=3e-3, prompt_tokens=250,
+              response_tokens=1000, peak_flops=989e12, node_bytes_s=300e9, nodes_bytes_s=50e9,
+              disk_bytes_s=1.5e9, engine_start_s=90.0, policy_build_s=30.0, reload_s=2.0,
+              dapo_prompts=17917, val_problems=100)
+
+
+def generation_seconds(params, kv_token, sequences, capacity, max_tokens):
+    """One generate call on a GPU: `sequences` in waves of at most `capacity` (the KV cache's),
+    each wave decoding max_tokens iterations that read the bf16 weights and the wave's KV cache
+    (its sequences at their mean context), at timing's bandwidth, plus a fixed cost each."""
+    t = timing
+    context = t["prompt_tokens"] + t["response_tokens"] / 2
+    seconds, left = 0.0, sequences
+    while left > 0:
+        wave = min(left, capacity)
+        read = 2 * params + wave * context * kv_token
+        seconds += max_tokens * (t["iteration_s"] + read / t["hbm_bytes_s"])
+        left -= wave
+    return seconds
+
+
+def print_time(cfg, model, ranks, mfu):
+    """A run's wall time for the preset `cfg` on `ranks` GPUs, line by line (all estimates)."""
+    t, c = timing, model.config
+    params = sum(p.numel() for p in model.parameters())
+    _, info = budget(model, ranks, 79.6, cfg)
+    capacity = kv_sequences(info, cfg.gpu_memory_utilization) * info["seq"] // (
+        t["prompt_tokens"] + t["response_tokens"])  # sequences of mean length in the KV cache
+    bandwidth = t["node_bytes_s"] if ranks <= 8 else t["nodes_bytes_s"]
+    share = (ranks - 1) / ranks  # of a gathered tensor, through each GPU
+    row = t["prompt_tokens"] + t["response_tokens"]
+    lines, total = [], 0.0
+
+    def line(label, seconds, count=1):
+        nonlocal total
+        total += seconds * count
+        times = f"{count} x {seconds:,.1f} s" if count > 1 else f"{seconds:,.1f} s"
+        lines.append(f"  {label:96s} {times:>16} = {seconds * count / 3600:5.2f} h")
+
+    print(f"time, {cfg.preset} preset on {ranks} GPUs ({params / 1e9:.2f} B params; est.: "
+          f"timing's assumptions, --mfu {mfu:.2f})")
+    fresh = cfg.prompts_per_step * cfg.n
+    generated = fresh * t["response_tokens"]
+    gen = generation_seconds(params, info["kv_token"], fresh / ranks, capacity,
+                             cfg.max_response_len)
+    print(f"  a step generates {fresh} responses x {t['response_tokens']} tokens = "
+          f"{generated / 1e6:.2f} M tokens, {fresh // ranks} sequences a GPU "
+          f"(KV cache: {capacity} of mean length): {cfg.max_response_len} decode iterations x "
+          f"({1e3 * t['iteration_s']:g} ms + bf16 weights {2 * params / 1e9:.1f} GB + KV read at "
+          f"{t['hbm_bytes_s'] / 1e12:.1f} TB/s) = {gen:.1f} s, {generated / ranks / gen:,.0f} "
+          "tokens/s a GPU")
+    steps = {}
+    for phase, replays in (("phase one", 0), ("phase two", cfg.replay_m)):
+        sequences = cfg.prompts_per_step * (cfg.n + replays)
+        updates = max(1, round(sequences / (cfg.mini_batch_prompts * cfg.n)))
+        tokens = sequences * row / ranks
+        # an update pass: forward 2, recomputed forward 2, backward 4; π_θold: forward 2, for
+        # every mini-batch but the first
+        flops = (8 + 2 * (updates - 1) / updates) * params * tokens
+        train = flops / (mfu * t["peak_flops"])
+        passes = updates * math.ceil(tokens / updates / cfg.micro_batch_tokens)
+        # bf16 gathers forward and backward, fp32 reduce-scatter; π_θold: a forward's gather
+        comms = (passes * 8 + (updates - 1) * 2) * params * share / bandwidth
+        push = 2 * params * share / bandwidth + t["reload_s"]
+        steps[phase] = gen + train + push
+        print(f"  {phase}: {sequences} sequences x {row} tokens / {ranks} GPUs, {updates} updates:"
+              f" (8 + 2 x {updates - 1}/{updates}) x P x {tokens / 1e3:,.0f} k tokens = "
+              f"{flops / 1e15:.2f} PFLOP a GPU at {mfu:.0%} MFU: {train:.1f} s; FSDP2's "
+              f"gathers {comms:.1f} s (overlapped); push and wake {push:.1f} s; a step "
+              f"{steps[phase]:.1f} s")
+    line(f"phase one: {cfg.phase1_steps} steps", steps["phase one"], cfg.phase1_steps)
+    line(f"phase two: {cfg.phase2_steps} steps", steps["phase two"], cfg.phase2_steps)
+    chunks = math.ceil(t["dapo_prompts"] / cfg.prompts_per_step)
+    chunk = generation_seconds(params, info["kv_token"], cfg.prompts_per_step * cfg.collect_k
+                               / ranks, capacity, cfg.max_response_len)
+    line(f"the collection: {t['dapo_prompts']:,} prompts x K {cfg.collect_k}, in chunks of "
+         f"{cfg.prompts_per_step} prompts", chunk, chunks)
+    validations = 2 * (max(cfg.phase1_steps, cfg.phase2_steps) // cfg.val_every) + 1
+    validation = generation_seconds(params, info["kv_token"], t["val_problems"] * cfg.val_k
+                                    / ranks, capacity, cfg.max_response_len)
+    line(f"validation: {t['val_problems']} problems x {cfg.val_k}, every {cfg.val_every} steps "
+         "(step 0 once)", validation, validations)
+    saves = sum(len(data.save_plan(cfg, part)) for part in ("phase1", "phase2"))
+    line(f"checkpoints: {12 * params / 1e9:.1f} GB each at "
+         f"{t['disk_bytes_s'] / 1e9:.1f} GB/s", 12 * params / t["disk_bytes_s"], saves)
+    line("start-up: vLLM engines (CUDA graphs), a policy build a part",
+         t["engine_start_s"] + 2 * t["policy_build_s"])
+    print("\n".join(lines))
+    print(f"  total {total / 3600:.1f} h (est.; a measured step replaces these lines' guesses)")
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=sorted(model_shapes), default="7b")
+    parser.add_argument("--preset", choices=["paper", "node"], default="paper",
+                        help="rlep's preset: its lengths, batch, steps; the budget's and time's")
+    parser.add_argument("--model", choices=sorted(model_shapes), default=None,
+                        help="the shapes (default: the preset's model, 7b or 1.5b)")
+    parser.add_argument("--response_tokens", type=int, default=timing["response_tokens"],
+                        help="the time table's mean response length")
+    parser.add_argument("--iteration_ms", type=float, default=1e3 * timing["iteration_s"],
+                        help="the time table's fixed cost of a decode iteration")
+    parser.add_argument("--mfu", type=float, default=None,
+                        help="the trainer's MFU in the time table (default: 0.45 for 7b and "
+                             "larger, 0.30 for 1.5b)")
     parser.add_argument("--micro_batch_sizes", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--prompt_len", type=int, default=None,
                         help="default 1024 (the paper's); tiny: 128")
@@ -417,8 +533,9 @@ def main(argv=None):
                         help="as rlep's --dtype (auto: bf16 on GPU)")
     parser.add_argument("--peak_tflops", type=float, default=None,
                         help="default 989 (H100) on CUDA; H200: ~790")
-    parser.add_argument("--ranks", type=int, default=8,
-                        help="FSDP2 ranks: the budget's, and the step's AdamW share")
+    parser.add_argument("--ranks", type=int, default=None,
+                        help="FSDP2 ranks: the budget's, and the step's AdamW share "
+                             "(default: 8; the time table also prints the paper preset on 64)")
     parser.add_argument("--autocast_cache", action=argparse.BooleanOptionalAction, default=False,
                         help="autocast's cache of bf16 weight copies (off in rlep.ppo_update)")
     parser.add_argument("--gpu_gib", type=float, default=79.6,
@@ -431,13 +548,19 @@ def main(argv=None):
     parser.add_argument("--budget_only", action="store_true",
                         help="print the per-phase budget (meta device), stop")
     args = parser.parse_args(argv)
-
-    # the paper preset: lengths, clip range, grad clip, lr, weight decay, checkpointing
-    cfg = rlep.Config()
+    args.model = args.model or {"paper": "7b", "node": "1.5b"}[args.preset]
+    args.ranks = args.ranks or 8
+    # the preset's lengths, batch, clip range, grad clip, lr, weight decay, checkpointing
+    cfg = rlep.Config(**rlep.presets[args.preset], preset=args.preset)
+    timing.update(response_tokens=args.response_tokens, iteration_s=args.iteration_ms / 1e3)
     if args.budget_only:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(model_config(args.model), dtype=torch.float32)
-        print_budget(args.model, model, args)
+        print_budget(args.model, model, args, cfg)
+        mfu = args.mfu or (0.30 if args.model == "1.5b" else 0.45)
+        print_time(cfg, model, args.ranks, mfu)
+        if args.preset == "paper" and args.ranks != 64:
+            print_time(cfg, model, 64, mfu)
         return
     # the CPU smoke run keeps attention's S^2 small
     scale = 8 if args.model == "tiny" else 1

@@ -131,7 +131,8 @@ bad_inputs = [
      "--phase1_prompts pool needs --pool FILE"),
     ("--stop_token unknown", ["--stop_token", "<|nope|>"], None, "not a single token"),
     ("--model_path missing", ["--model_path", "/nonexistent"], None,
-     "--model_path /nonexistent: no such folder (a hub name like Qwen/Qwen2.5-Math-7B"),
+     "--model_path /nonexistent: no such folder (a hub name like Qwen/Qwen2.5-Math-7B is "
+     "fetched"),
     ("--model_path not a model", ["--model_path", f"{F}/no_model"], None,
      "not a model folder (no config.json)"),
     ("--model_path unknown built-in", ["--model_path", "builtin:nope"], None,

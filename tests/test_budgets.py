@@ -1,18 +1,26 @@
-"""The reading budgets: rlep.py stays a reference a reader finishes in one sitting, the modules
-beside it stay short, and README.md is a guide read in ten minutes (the rest is in docs/). Lines
-per file, columns per line, rlep.py's mean line length (nanoGPT's train.py: 47 characters,
-nanochat's chat_rl.py: 56), README's words and the width of its prose.
+"""Budgets that guard, not steer: no Python line over 100 columns; README.md a guide read in ten
+minutes (at most 2,500 words, no prose line over 120 characters); and one ceiling against growth,
+the training path's code tokens (Python tokens less comments, docstrings and layout, counted with
+the tokenize module). A ceiling is never met by moving, wrapping or cutting what helps a reader: a
+change that needs more raises it, in the same commit, and says why there.
 Run: python -m pytest -q tests/test_budgets.py"""
+import ast
 import glob
+import io
 import os
+import tokenize
 
 import pytest
 
 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-max_lines = {"rlep.py": 900, "machinery.py": 600, "data.py": 600, "verify.py": 560,
-             "eval.py": 360}
-python_files = sorted(os.path.relpath(path, root) for folder in (root, os.path.join(root, "tests"))
-                      for path in glob.glob(os.path.join(folder, "*.py")))
+python_files = sorted(os.path.relpath(path, root)
+                      for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True)
+                      if not os.path.relpath(path, root).startswith((".venv", ".cache", "runs")))
+# what a run of rlep.py executes: the method and the support beside it
+training_path = ["rlep.py", "machinery.py", "data.py", "checks.py", "builtin.py"]
+# 18,589 at the start (nano-aha-moment's GRPO with colocated vLLM: 7,196; nanochat's RL path:
+# 6,532). Raised to 19,500: the node preset, hub data files and the single read of the data.
+max_code_tokens = 19500
 
 
 def read_lines(name):
@@ -30,9 +38,28 @@ def prose_lines(name):
             yield number, line
 
 
-@pytest.mark.parametrize("name", sorted(max_lines))
-def test_files_stay_within_their_line_budget(name):
-    assert len(read_lines(name)) <= max_lines[name]
+def code_tokens(text: str) -> int:
+    """Python tokens, less comments, docstrings and layout (newlines, indents)."""
+    docstrings = set()
+    for node in ast.walk(ast.parse(text)):
+        kinds = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        first = node.body[0] if isinstance(node, kinds) and node.body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                and isinstance(first.value.value, str):
+            docstrings.add((first.lineno, first.col_offset))
+    layout = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+              tokenize.ENDMARKER}
+    return sum(1 for token in tokenize.generate_tokens(io.StringIO(text).readline)
+               if token.type not in layout
+               and not (token.type == tokenize.STRING and token.start in docstrings))
+
+
+def test_code_tokens_count_code_and_nothing_else():
+    plain = "def f(x):\n    return x + 1\n"
+    dressed = ('"""A module."""\n# a comment\n\ndef f(x):\n    """Its docstring."""\n'
+               "    # why\n    return x + 1  # the answer\n")
+    assert code_tokens(plain) == code_tokens(dressed) == 10  # def f ( x ) : return x + 1
+    assert code_tokens('x = "a string"\n') == 3
 
 
 @pytest.mark.parametrize("name", python_files)
@@ -41,9 +68,9 @@ def test_no_line_is_wider_than_100_columns(name):
     assert wide == [], f"{name}: lines over 100 columns: {wide[:10]}"
 
 
-def test_rlep_lines_average_at_most_58_characters():
-    lines = [line for line in read_lines("rlep.py") if line.strip()]
-    assert sum(map(len, lines)) / len(lines) <= 58
+def test_the_training_path_stays_under_its_ceiling():
+    counts = {name: code_tokens("\n".join(read_lines(name))) for name in training_path}
+    assert sum(counts.values()) <= max_code_tokens, counts
 
 
 def test_the_readme_is_a_ten_minute_guide():

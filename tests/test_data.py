@@ -124,6 +124,18 @@ def test_config_presets_and_overrides():
         rlep.parse_config(["--preset", "nope"])
 
 
+def test_on_a_gpu_a_command_without_a_preset_is_refused_naming_the_gpu_presets(monkeypatch,
+                                                                              capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit) as exit_code:
+        rlep.parse_config(["--lr", "1e-6"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_code.value.code == 2 and len(lines) == 1
+    assert "--preset node" in lines[0] and "--preset paper" in lines[0]
+    # a preset chosen is taken, a CPU one too
+    assert rlep.parse_config(["--preset", "tiny"]).preset == "tiny"
+
+
 def test_every_flag_has_its_fields_help_and_its_choices_are_enforced(capsys):
     flags = dict(checks.dataclass_flags(rlep.Config))
     assert list(flags) == [field.name for field in dataclasses.fields(rlep.Config)]
@@ -132,7 +144,7 @@ def test_every_flag_has_its_fields_help_and_its_choices_are_enforced(capsys):
     assert choices == {"phase1_prompts": ["all", "pool"], "phase2_prompts": ["pool", "all"],
                        "replay_loss": ["group", "nll"], "verify_mode": ["dapo", "equivalence"],
                        "phase": ["all", "1", "collect", "2"],
-                       "preset": ["paper", "tiny", "cpu", "cpu-hard"]}
+                       "preset": ["paper", "node", "tiny", "cpu", "cpu-hard"]}
     assert set(choices["preset"]) == set(rlep.presets)
     for name, values in choices.items():
         assert getattr(rlep.Config, name) in values

@@ -105,14 +105,15 @@ def test_a_push_that_misses_a_parameter_fails_loudly(sleeping, tiny_model):
     sleeping.push(model)  # a whole push passes
 
 
-def test_generate_while_asleep_raises_and_shutdown_wakes_first(sleeping, tiny_model):
+def test_generate_while_asleep_raises_and_shutdown_does_not_wake(sleeping, tiny_model):
     sleeping.sleep()
     with pytest.raises(RuntimeError, match="asleep"):
         sleeping.generate([[1, 2, 3]], 1, 1.0, 1.0, 4, [], [0])
     sleeping.llm.wake_up(["weights"])  # half awake is still asleep
     with pytest.raises(RuntimeError, match="asleep"):
         sleeping.generate([[1, 2, 3]], 1, 1.0, 1.0, 4, [], [0])
+    # after a trainer's out-of-memory error a wake would ask for the memory again
     sleeping.shutdown()
-    assert sleeping.llm.calls[-2:] == ["wake all", "shutdown (asleep: [])"]
+    assert sleeping.llm.calls[-2:] == ["wake weights", "shutdown (asleep: ['kv_cache'])"]
     # leave the engine sane
     sleeping.push(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32))

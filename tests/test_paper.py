@@ -666,9 +666,10 @@ dapo_prompt = (
     "\n\n{problem}\n\nRemember to put your answer on its own line after \"Answer:\".")
 paper_values = [
     ("model_path", "Qwen/Qwen2.5-Math-7B", "RLEP paper section 4: the base model"),
-    ("train_file", "dapo-math-17k.parquet", "RLEP paper section 4: DAPO-Math-17k"),
-    ("val_file", "dapo_format_aime2024_aime2025_amc2023.parquet",
-     "RLEP paper section 4: AIME-2024, AIME-2025, AMC-2023 (the authors' file)"),
+    ("train_file", "hf://datasets/BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet",
+     "RLEP paper section 4: DAPO-Math-17k (its file on the hub)"),
+    ("val_file", "hf://datasets/Kwai-Klear/RLEP_dataset/dapo_format_aime2024_aime2025_amc2023"
+     ".parquet", "RLEP paper section 4: AIME-2024, AIME-2025, AMC-2023 (the authors' file)"),
     ("prompt_template", dapo_prompt, "DAPO-Math-17k's prompt, as the authors' data"),
     ("prompts_per_step", 512, "the authors' run script (verl recipe: train_batch_size=512)"),
     ("n", 16, "RLEP paper section 4 and the run script (rollout.n=16)"),
@@ -725,3 +726,28 @@ def test_every_config_field_is_the_papers_or_said_not_to_be():
     named = [v[0] for v in paper_values]
     assert len(set(named)) == len(named) and not set(named) & not_the_papers
     assert {f.name for f in fields(rlep.Config)} == set(named) | not_the_papers
+
+
+# The node preset (docs/gpu.md): the paper's rules and ratios on one node, smaller
+node_rules = ["train_file", "val_file", "prompt_template", "temperature", "top_p",
+              "max_prompt_len", "max_response_len", "stop_token", "overlong_buffer",
+              "overlong_factor", "lr", "weight_decay", "warmup_steps", "grad_clip", "epochs",
+              "clip_low", "clip_high", "clip_c", "collect_temperature", "collect_top_p",
+              "min_successes", "phase1_prompts", "phase2_prompts", "replay_loss",
+              "dynamic_sampling", "equal_updates", "verify_mode", "seed", "save_every"]
+
+
+def test_the_node_preset_keeps_the_papers_rules_and_ratios():
+    paper, node = (rlep.parse_config(["--preset", name]) for name in ("paper", "node"))
+    assert {name: getattr(node, name) for name in node_rules} == \
+        {name: getattr(paper, name) for name in node_rules}
+    # m : n = 1 : 8; 8 updates a step, 9 with replays (rlep.ppo_update's count)
+    for cfg in (paper, node):
+        assert cfg.replay_m * 8 == cfg.n
+        updates = [round(cfg.prompts_per_step * (cfg.n + m) / (cfg.mini_batch_prompts * cfg.n))
+                   for m in (0, cfg.replay_m)]
+        assert updates == [8, 9]
+        assert cfg.collect_step == cfg.phase1_steps  # the pool from phase one's last step
+    # Qwen2.5-Math-1.5B's config.json: max_position_embeddings 4096, as the 7B's
+    assert node.model_path == "Qwen/Qwen2.5-Math-1.5B"
+    assert node.max_prompt_len + node.max_response_len <= 4096

@@ -1,0 +1,147 @@
+"""Data and models by hub name, offline: each test fills huggingface_hub's cache itself (the
+layout hf_hub_download and snapshot_download read with HF_HUB_OFFLINE=1: refs/main naming a
+commit, the files under snapshots/<commit>/). A hub data file (hf://datasets/ORG/NAME/PATH) reads
+like its local copy, a file in pieces (NAME.part-*) is joined once, a hub model resolves to its
+cached folder; a name that cannot be fetched is one line, and rlep.py exits 2 with nothing written.
+Run: python -m pytest -q tests/test_hub.py"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from huggingface_hub import constants
+
+import builtin
+import data
+import rlep
+
+repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+commit = "0123456789abcdef0123456789abcdef01234567"
+
+
+def fill_cache(cache, repo: str, files: dict, kind: str = "datasets"):
+    """A repository's files, as huggingface_hub leaves them after a download."""
+    folder = cache / f"{kind}--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True, exist_ok=True)
+    (folder / "refs" / "main").write_text(commit)
+    for path, content in files.items():
+        target = folder / "snapshots" / commit / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, str):  # a folder to copy
+            shutil.copy(content, target)
+        else:
+            target.write_bytes(content)
+
+
+def dapo_parquet(path, problems):
+    rows = [{"data_source": "math_dapo", "prompt": [{"role": "user", "content": p}],
+             "reward_model": {"ground_truth": str(i), "candidates": [f"Answer: {i}"] * 2},
+             "extra_info": {"index": i}} for i, p in enumerate(problems)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+@pytest.fixture
+def hub_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    assert constants.HF_HUB_OFFLINE  # conftest: nothing reaches the network
+    return cache
+
+
+def test_a_hub_data_file_reads_like_its_local_copy(hub_cache, tmp_path):
+    local = tmp_path / "train.parquet"
+    dapo_parquet(local, [f"{a}+{a}" for a in range(5)] * 3)  # each problem three times
+    fill_cache(hub_cache, "org/math", {"data/train.parquet": local.read_bytes()})
+    rows = data.read_rows("hf://datasets/org/math/data/train.parquet")
+    assert rows == data.read_rows(str(local)) and len(rows) == 5
+    # a revision by name: refs/<revision>
+    assert data.read_rows("hf://datasets/org/math@main/data/train.parquet") == rows
+
+
+def test_a_file_in_pieces_is_joined_once_into_the_cache_folder(hub_cache, tmp_path):
+    local = tmp_path / "pool.parquet"
+    dapo_parquet(local, [f"{a}*3" for a in range(40)])
+    whole = local.read_bytes()
+    third = len(whole) // 3
+    pieces = {"pool.parquet.part-aa": whole[:third], "pool.parquet.part-ab": whole[third:2 * third],
+              "pool.parquet.part-ac": whole[2 * third:]}
+    fill_cache(hub_cache, "org/pool", pieces)
+    cache_dir = tmp_path / "rlep-cache"
+    name = "hf://datasets/org/pool/pool.parquet.part-*"
+    pool = data.load_pool(name, str(cache_dir))
+    assert pool == data.load_pool(str(local)) and len(pool) == 40
+    joined = cache_dir / "hub" / "org--pool" / commit / "pool.parquet"
+    assert joined.read_bytes() == whole
+    stamp = joined.stat().st_mtime_ns
+    data.load_pool(name, str(cache_dir))
+    assert joined.stat().st_mtime_ns == stamp  # read again, not joined again
+
+
+@pytest.mark.parametrize("name, message", [
+    ("hf://datasets/org/math/data/missing.parquet", "cannot fetch it ("),
+    ("hf://datasets/org/nothere/train.parquet", "cannot fetch it ("),
+    ("hf://org/math/data/train.parquet", "a hub data file is hf://datasets/ORG/NAME"),
+])
+def test_a_name_that_cannot_be_fetched_is_one_line(hub_cache, tmp_path, name, message):
+    local = tmp_path / "train.parquet"
+    dapo_parquet(local, ["1+1"])
+    fill_cache(hub_cache, "org/math", {"data/train.parquet": local.read_bytes()})
+    with pytest.raises(data.UserError) as error:
+        data.read_rows(name)
+    line = str(error.value)
+    assert line.startswith(f"{name}: ") and message in line and "\n" not in line
+
+
+def test_a_hub_model_resolves_to_its_cached_folder(hub_cache, tiny_model, tmp_path):
+    files = {name: os.path.join(tiny_model, name) for name in os.listdir(tiny_model)}
+    fill_cache(hub_cache, "org/tiny-math", files, kind="models")
+    folder = builtin.resolve_model("org/tiny-math", str(tmp_path))
+    assert folder == str(hub_cache / "models--org--tiny-math" / "snapshots" / commit)
+    assert sorted(os.listdir(folder)) == sorted(os.listdir(tiny_model))
+    with pytest.raises(ValueError, match=r"^org/absent: cannot fetch it from the hub \("):
+        builtin.resolve_model("org/absent", str(tmp_path))
+
+
+def test_a_run_takes_hub_names_and_saves_them_as_given(hub_cache, tiny_model, tmp_path,
+                                                      monkeypatch):
+    """The tiny preset with its model and both files by hub name: past the checks (the engine
+    is where this test stops), config.json keeps the names, not the cache's paths."""
+    model_files = {name: os.path.join(tiny_model, name) for name in os.listdir(tiny_model)}
+    fill_cache(hub_cache, "org/tiny-math", model_files, kind="models")
+    lines = {split: "".join(json.dumps(r) + "\n" for r in data.read_rows(f"builtin:tiny:{split}"))
+             for split in ("train", "val")}
+    fill_cache(hub_cache, "org/sums", {f"{split}.jsonl": text.encode()
+                                       for split, text in lines.items()})
+
+    class ChecksPassed(Exception):
+        pass
+
+    def stop(*args):
+        raise ChecksPassed
+    monkeypatch.setattr(rlep, "build_engine", stop)
+    out = tmp_path / "run"
+    names = ["--model_path", "org/tiny-math", "--train_file", "hf://datasets/org/sums/train.jsonl",
+             "--val_file", "hf://datasets/org/sums/val.jsonl"]
+    with pytest.raises(ChecksPassed):
+        rlep.main(["--preset", "tiny", "--out_dir", str(out), *names])
+    saved = json.load(open(out / "config.json"))
+    assert [saved[k] for k in ("model_path", "train_file", "val_file")] == names[1::2]
+
+
+def test_rlep_py_refuses_an_unfetchable_name_with_exit_2_and_writes_nothing(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "empty-cache")}
+    out = tmp_path / "run"
+    name = "hf://datasets/org/absent/train.parquet"
+    result = subprocess.run([sys.executable, os.path.join(repo_root, "rlep.py"), "--preset",
+                             "tiny", "--out_dir", str(out), "--cache_dir", str(tmp_path / "c"),
+                             "--train_file", name], capture_output=True, text=True, env=env,
+                            timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr[-3000:]
+    assert lines[0].startswith(f"rlep.py: {name}: cannot fetch it (")
+    assert not out.exists()

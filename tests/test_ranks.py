@@ -1,0 +1,187 @@
+"""What crosses ranks, on two gloo ranks: what rank 0 reads, every rank gets, also where their
+filesystems disagree (as a shared filesystem's cached listings can): the data files are read once,
+by rank 0, and the other rank trains on its rows without opening a file; the collection starts,
+or is refused, as rank 0 sees the folder; phase two's collected pool is read by rank 0 alone. Rows
+cross ranks as plain data: a tensor in one is refused. A weight push gathers shards already cast
+to the engine's dtype, the same bits as the full weights cast. Each test stops the run where its
+decision has been taken: an engine stand-in whose push raises, or train() replaced by a recorder
+(vLLM is not what these test). Run: python -m pytest -q tests/test_ranks.py"""
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import checks
+import data
+import machinery
+import rlep
+
+
+class Reached(Exception):
+    """The run got past the decision under test."""
+
+
+class EngineStandIn:
+    def sleep(self):
+        pass
+
+    def shutdown(self):
+        pass
+
+    def push(self, model=None, path=None):
+        raise Reached
+
+
+def on_two_ranks(rank, port, test, args, out):
+    """Rank `rank` of 2 (the environment torchrun would set): test(rank, *args), its result
+    or the name and message of what it raised, saved to out/rank{rank}.json."""
+    torch.set_num_threads(1)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        result = {"returned": test(rank, *args)}
+    except Exception as e:  # the outcome is what this test compares across ranks
+        result = {"raised": type(e).__name__, "message": str(e)}
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def run_on_two_ranks(test, args, tmp_path, port):
+    mp.spawn(on_two_ranks, args=(port, test, args, str(tmp_path)), nprocs=2)
+    return [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
+
+
+def main_until_train(rank, argv):
+    """rlep.main on this rank, its data files readable by rank 0 alone; returns the ids of the
+    rows train() receives."""
+    def no_reading(*args, **kwargs):
+        raise AssertionError(f"rank {rank} opened a data file")
+    if rank:
+        for module in (checks, data):
+            module.read_rows = no_reading
+        checks.load_pool = data.load_pool = no_reading
+    trained = []
+    rlep.build_engine = lambda *args: EngineStandIn()
+    rlep.train = lambda cfg, part, rows, *args, **kwargs: trained.append([r["id"] for r in rows])
+    rlep.main(argv)
+    return trained
+
+
+def test_the_data_files_are_read_once_by_rank_0_and_every_rank_trains_on_its_rows(
+        tmp_path, tiny_model, free_port):
+    argv = ["--preset", "tiny", "--model_path", tiny_model, "--out_dir", str(tmp_path / "run"),
+            "--phase", "1"]
+    ranks = run_on_two_ranks(main_until_train, (argv,), tmp_path, free_port)
+    expected = [[r["id"] for r in data.read_rows("builtin:tiny:train")]]
+    assert ranks[0] == ranks[1] == {"returned": expected}
+
+
+def collect_until_push(rank, out_dir, model_path):
+    """rlep.collect on this rank, twice: phase one's checkpoint at collect_step absent for rank
+    0 and there for rank 1 (its os.path.isdir says so), then the other way round; what each
+    call did."""
+    cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", out_dir])
+    ckpt = data.checkpoint_path(os.path.join(out_dir, "phase1"), cfg.collect_step)
+    d = machinery.setup_distributed()
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    rows = data.read_rows(cfg.train_file)
+    real_isdir = os.path.isdir
+    outcomes = []
+    for there_for_rank_0 in (False, True):
+        seen = there_for_rank_0 if rank == 0 else not there_for_rank_0
+        os.path.isdir = lambda path: seen if path == ckpt else real_isdir(path)
+        try:
+            rlep.collect(cfg, rows, EngineStandIn(), tokenizer, tokenizer.eos_token_id, d)
+            outcomes.append("returned")
+        except (Reached, data.UserError) as e:
+            outcomes.append(f"{type(e).__name__} {e}")
+    return outcomes
+
+
+def test_the_collection_starts_or_is_refused_as_rank_0_sees_the_checkpoint(
+        tmp_path, tiny_model, free_port):
+    out_dir = str(tmp_path / "run")
+    ranks = run_on_two_ranks(collect_until_push, (out_dir, tiny_model), tmp_path, free_port)
+    ckpt = data.checkpoint_path(os.path.join(out_dir, "phase1"), 4)
+    refused = f"UserError {ckpt}: phase one has no checkpoint at --collect_step 4"
+    assert ranks[0] == ranks[1] == {"returned": [refused, "Reached "]}
+
+
+def phase_two_until_train(rank, out_dir, model_path):
+    """rlep.phase_two on this rank, the collected pool readable by rank 0 alone; returns the
+    ids of the rows train() receives."""
+    def no_reading(*args, **kwargs):
+        raise AssertionError(f"rank {rank} opened the pool")
+    if rank:
+        rlep.load_pool = data.load_pool = no_reading
+    trained = []
+    rlep.train = lambda cfg, part, rows, *args, **kwargs: trained.append([r["id"] for r in rows])
+    cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", out_dir])
+    d = machinery.setup_distributed()
+    rlep.phase_two(cfg, None, [], EngineStandIn(), None, 0, model_path, d, [])
+    return trained
+
+
+def test_phase_two_reads_the_collected_pool_on_rank_0_alone(tmp_path, tiny_model, free_port):
+    out_dir = tmp_path / "run"
+    rows = data.read_rows("builtin:tiny:train")[:6]
+    pool = [{**row, "responses": [f"Answer: {row['answer']}"]} for row in rows]
+    (out_dir / "collect").mkdir(parents=True)
+    data.save_pool(str(out_dir / "collect" / "pool.jsonl"), pool)
+    ranks = run_on_two_ranks(phase_two_until_train, (str(out_dir), tiny_model), tmp_path,
+                             free_port)
+    assert ranks[0] == ranks[1] == {"returned": [[row["id"] for row in rows]]}
+
+
+def exchange_a_tensor(rank):
+    d = machinery.setup_distributed()
+    sample = rlep.Sample([1, 2], [3, 4], True, 1.0, old_logprobs=torch.zeros(2))
+    machinery.exchange([[(0, sample)], [(1, sample)]], d)
+    return "returned"
+
+
+def test_a_row_carrying_a_tensor_is_refused_by_the_exchange(tmp_path, free_port):
+    ranks = run_on_two_ranks(exchange_a_tensor, (), tmp_path, free_port)
+    for rank in ranks:
+        assert rank["raised"] == "TypeError"
+        assert rank["message"].startswith("exchange: a row carries a tensor (torch.float32, cpu)")
+    # rows of plain data cross, as before
+    plain = rlep.Sample([1, 2], [3, 4], True, 1.0, vllm_logprobs=[-0.5, -0.25])
+    assert machinery.row_bytes([plain])
+
+
+def push_weights(rank, model_path):
+    """The weights an FSDP2-sharded policy pushes to a bf16 engine, and the dtypes its shards
+    were gathered in."""
+    d = machinery.setup_distributed()
+    cfg = rlep.parse_config(["--preset", "tiny", "--dtype", "bfloat16"])
+    policy, _ = rlep.build_policy(model_path, cfg, d)
+    engine = machinery.Engine.__new__(machinery.Engine)  # what full_weights reads of one
+    engine.dtype = torch.bfloat16
+    gathered = []
+    full_tensor = DTensor.full_tensor
+
+    def recording(self, *args, **kwargs):
+        gathered.append(str(self.dtype))
+        return full_tensor(self, *args, **kwargs)
+    DTensor.full_tensor = recording
+    pushed = {name: tensor for name, tensor in engine.full_weights(policy.model, {})}
+    reference = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    same = all(torch.equal(pushed[name], tensor.to(torch.bfloat16))
+               for name, tensor in reference.state_dict().items())
+    return {"gathered": sorted(set(gathered)), "same bits": same, "names": len(pushed)}
+
+
+def test_a_push_gathers_shards_cast_to_the_engines_dtype(tmp_path, tiny_model, free_port):
+    ranks = run_on_two_ranks(push_weights, (tiny_model,), tmp_path, free_port)
+    names = len(AutoModelForCausalLM.from_pretrained(tiny_model).state_dict())
+    assert ranks[0] == ranks[1] == {"returned": {"gathered": ["torch.bfloat16"],
+                                                 "same bits": True, "names": names}}
