@@ -1,6 +1,7 @@
 """What replay buys, with its confounds separated: per seed, five arms of a CPU preset, all
 validated with the same seeds (seed, step, problem) over the same training steps. The plan, the
-family of contrasts and the rules that word each interval: docs/study-plan.md.
+family of contrasts and the rules that word each interval: docs/study-plan.md. Needs scipy (its
+t distribution) besides rlep.py's requirements.
 
     A1  baseline, all prompts     phase one of `python rlep.py` (folder seedS)
     A2  baseline, pool's prompts  --phase 1 --phase1_prompts pool --pool A3's pool (seedS-A2)
@@ -82,6 +83,7 @@ import time
 
 import numpy as np
 import torch
+from scipy import stats
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
@@ -300,18 +302,20 @@ def curve(folder: str, part: str, steps: int) -> tuple:
 
 
 # -----------------------------------------------------------------------------------------
-# Intervals, p-values, Holm and the words (docs/study-plan.md); Student's t without scipy
+# Intervals, p-values, Holm and the words (docs/study-plan.md); Student's t from scipy.stats
+
+# two-sided 95 % quantiles of Student's t by degrees of freedom, to two decimals: the table the
+# plans state for the raw intervals (the committed reports used it); beyond it the exact quantile
+t95_table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
 
 def t95_bounds(values) -> tuple:
     """(mean, low, high): a 95 % t-interval over seeds, in the values' units."""
     values = np.asarray(values, dtype=float)
-    # two-sided 95 % quantiles of Student's t, by degrees of freedom (the audited table, as the
-    # plan states); beyond it the exact quantile
-    t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
     half = float("nan")
     if len(values) > 1:
         df = len(values) - 1
-        quantile = t95[df] if df in t95 else t_quantile(0.975, df)
+        quantile = t95_table[df] if df in t95_table else stats.t.ppf(0.975, df)
         half = quantile * values.std(ddof=1) / math.sqrt(len(values))
     mean = values.mean()
     return mean, mean - half, mean + half
@@ -323,33 +327,9 @@ def interval(values) -> str:
     return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
-def t_central(t: float, df: int) -> float:
-    """P(|T| <= t) for Student's t with integer df, in closed form (Abramowitz and Stegun
-    26.7.3 and 26.7.4): θ = atan(t / sqrt(df)), a finite series in cos²θ."""
-    theta = math.atan(abs(t) / math.sqrt(df))
-    sin, cos2 = math.sin(theta), math.cos(theta) ** 2
-    if df == 1:
-        return 2 * theta / math.pi
-    term = total = 1.0
-    for k in range(2 if df % 2 == 0 else 3, df - 1, 2):
-        term *= cos2 * (k - 1) / k
-        total += term
-    if df % 2 == 0:
-        return sin * total
-    return 2 / math.pi * (theta + sin * math.cos(theta) * total)
-
-
-def t_quantile(q: float, df: int) -> float:
-    """The q-quantile of Student's t (q > 0.5), by bisection on t_central."""
-    low, high = 0.0, 1e7
-    for _ in range(200):
-        mid = (low + high) / 2
-        low, high = (mid, high) if t_central(mid, df) < 2 * q - 1 else (low, mid)
-    return (low + high) / 2
-
-
 def paired_test(values) -> dict:
-    """mean, standard error and two-sided t-test p-value of per-seed differences."""
+    """mean, standard error and two-sided t-test p-value of per-seed differences (all equal:
+    p 0, or 1 if they are 0, where scipy's ttest_1samp would give nan)."""
     values = np.asarray(values, dtype=float)
     n = len(values)
     mean = float(values.mean())
@@ -359,13 +339,14 @@ def paired_test(values) -> dict:
     elif se == 0:
         p = 0.0 if mean != 0 else 1.0
     else:
-        p = 1 - t_central(mean / se, n - 1)
+        p = float(2 * stats.t.sf(abs(mean) / se, n - 1))
     return {"n": n, "mean": mean, "se": se, "p": p}
 
 
 def holm(p_values: list, alpha: float = alpha) -> list[dict]:
     """Holm's step-down over the family, per contrast in the given order: the level of its
-    interval, its adjusted p-value, rejected or not. Sorted by p, rank i (0-based) of m is
+    interval, its adjusted p-value, rejected or not (scipy.stats has no Holm, and the level of
+    each interval is the plan's, not a library's). Sorted by p, rank i (0-based) of m is
     tested at alpha / (m - i) while every rank before it was rejected; the first rank not
     rejected and all after it keep that rank's level, so an interval excludes 0 exactly
     where Holm rejects."""
@@ -388,7 +369,7 @@ def level_bounds(test: dict, level: float) -> tuple:
     """(low, high) of a t-interval at two-sided level `level` (alpha), from paired_test."""
     if test["n"] < 2:
         return float("nan"), float("nan")
-    half = t_quantile(1 - level / 2, test["n"] - 1) * test["se"]
+    half = stats.t.ppf(1 - level / 2, test["n"] - 1) * test["se"]
     return test["mean"] - half, test["mean"] + half
 
 

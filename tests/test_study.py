@@ -1,7 +1,7 @@
 """The replay study's analysis (tests/study_replay.py, docs/study-plan.md) on hand-made numbers:
-t quantiles without scipy, Holm's step-down and its intervals, the words of an interval, the
-mechanism on matched prompts and the compute charges, from metrics.jsonl files written here.
-No model, a few seconds.
+t quantiles and p-values (scipy's, and the plans' table), Holm's step-down and its intervals, the
+words of an interval, the mechanism on matched prompts and the compute charges, from
+metrics.jsonl files written here. No model, a few seconds; needs scipy, as the study does.
 Run: python -m pytest -q tests/test_study.py"""
 import dataclasses
 import glob
@@ -14,26 +14,34 @@ import types
 
 import numpy as np
 import pytest
+from scipy import stats
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import study_replay as study  # noqa: E402
 
 
-def test_t_quantiles_match_the_95_table_and_known_values():
+def test_t_quantiles_and_p_values_match_the_95_table_and_known_values():
+    # the plans' two-decimal table is the exact quantiles rounded
+    for df, t in study.t95_table.items():
+        assert round(stats.t.ppf(0.975, df), 2) == t
     table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-    for df, t in table.items():
-        assert round(study.t_quantile(0.975, df), 2) == t
-    # Cauchy: P(|T| <= 1) = 1/2; df 2: P(|T| <= t) = t / sqrt(2 + t^2)
-    assert study.t_central(1.0, 1) == pytest.approx(0.5)
-    assert study.t_central(2.0, 2) == pytest.approx(2 / math.sqrt(6))
-    # t(0.995, 7) = 3.4995, t(0.99, 5) = 3.3649 (printed tables)
-    assert study.t_quantile(0.995, 7) == pytest.approx(3.4995, abs=1e-4)
-    assert study.t_quantile(0.99, 5) == pytest.approx(3.3649, abs=1e-4)
-    # the p-value at the 95 % quantile is 0.05
-    test = study.paired_test([1.0, 2.0, 0.5, 1.5, 3.0, 0.2, 1.1, 2.2])
-    t = test["mean"] / test["se"]
-    assert 1 - study.t_central(study.t_quantile(0.975, 7), 7) == pytest.approx(0.05)
-    assert test["p"] == pytest.approx(1 - study.t_central(t, 7))
+    assert study.t95_table == table
+    # p-values in closed form: df 1 (Cauchy), [0, 2]: t = 1, P(|T| > 1) = 1/2; df 2, [0, 1, 2]:
+    # t = sqrt(3), P(|T| > t) = 1 - t / sqrt(2 + t^2)
+    assert study.paired_test([0.0, 2.0])["p"] == pytest.approx(0.5)
+    assert study.paired_test([0.0, 1.0, 2.0])["p"] == pytest.approx(1 - math.sqrt(3 / 5))
+    # t(0.995, 7) = 3.4995, t(0.99, 5) = 3.3649 (printed tables): Holm intervals at those levels
+    assert study.level_bounds({"n": 8, "mean": 0.0, "se": 1.0}, 0.01)[1] == \
+        pytest.approx(3.4995, abs=1e-4)
+    assert study.level_bounds({"n": 6, "mean": 1.0, "se": 2.0}, 0.02) == \
+        pytest.approx((1 - 2 * 3.3649, 1 + 2 * 3.3649), abs=2e-4)
+    # the p-value at the 95 % quantile is 0.05: differences whose t is t(0.975, 7) = 2.3646
+    values = np.array([1.0, 2.0, 0.5, 1.5, 3.0, 0.2, 1.1, 2.2])
+    se = np.std(values, ddof=1) / math.sqrt(8)
+    shifted = values - values.mean() + 2.364624 * se
+    assert study.paired_test(shifted)["p"] == pytest.approx(0.05, abs=1e-6)
+    test = study.paired_test(values)
+    assert test["p"] < 0.05 and test["se"] == pytest.approx(se)
 
 
 def test_the_raw_interval_beyond_the_table_takes_the_exact_quantile():
