@@ -1,6 +1,7 @@
 """What replay buys, with its confounds separated: per seed, five arms of a CPU preset, all
 validated with the same seeds (seed, step, problem) over the same training steps. The plan, the
-family of contrasts and the rules that word each interval: docs/study-plan.md.
+family of contrasts and the rules that word each interval: docs/study-plan.md. Needs scipy (its
+t distribution) besides rlep.py's requirements.
 
     A1  baseline, all prompts     phase one of `python rlep.py` (folder seedS)
     A2  baseline, pool's prompts  --phase 1 --phase1_prompts pool --pool A3's pool (seedS-A2)
@@ -42,24 +43,24 @@ against the plan's commit; forest.png, curves.png, compute.png.
         10 11 12 13 14 15 16 --dtype float32 --out_dir runs/study-dynamic --report_only
 
 Across sittings (--archive DIR): runs/ is not kept, so each run, as soon as it has finished, is
-copied into DIR under its name (DIR/seedS, DIR/seedS-A5, ...), reduced to what the report
-reads: config.json, timings.json, every part's metrics.jsonl, the collection's progress.jsonl
-(each row's id and tokens) and pool.jsonl, the first start line of FOLDER.log, and
-archived.json, the mark. The pool stays whole (its answer texts; the mark's "pool": "full")
-while a run on it (--pool: A5, A8) is not archived, so that a later sitting runs that arm from
-it; once every one is, it becomes each prompt's id and its count of verified answers ("pool":
-"reduced"): the one replacement the archive allows, derived from the full file there, written
-beside it and renamed over it, then its mark likewise. Some 35-60 kB a seed on cpu-hard (more
-while its pool is full). Each run is written in a temporary folder and renamed in, so a
-stop leaves no run half there. At the start (--report_only too), the archived runs of the
-seeds asked for that --out_dir lacks are copied in; an archived run counts as finished and is
-never run nor resumed, the others run as usual (an arm on an archived pool reads it there). A
-run still to do on a reduced pool stops the study (leave the seed out, or move its archive
-away), and so do an archived run in another dtype or regime, and a run in --out_dir that the
-archive holds otherwise (nothing is moved). The default DIR: docs/runs/study-dynamic with
---study dynamic --preset cpu-hard (the plan's), else none (a smoke run on tiny keeps its
-archive out of the repository unless given one); --no-archive or --archive '' turns it off.
-After each sitting, commit it:
+written into DIR as one JSON document under its name (DIR/seedS.json, DIR/seedS-A5.json, ...),
+reduced to what the report reads: config.json, timings.json, every part's metrics rows, the
+collection's progress (each row's id and tokens) and pool, the first start line of FOLDER.log,
+and the mark (what it is, its pool's form). The pool stays whole (its answer texts; "pool":
+"full") while a run on it (--pool: A5, A8) is not archived, so that a later sitting runs that
+arm from it; once every one is, it becomes each prompt's id and its count of verified answers
+("pool": "reduced"): the one replacement the archive allows, derived from the full pool there.
+Some 36-60 kB a seed on cpu-hard (more while its pool is full). Each document is written under
+a temporary name and renamed in, so a stop leaves no run half there. At the start
+(--report_only too), the archived runs of the seeds asked for that --out_dir lacks are written
+into it as run folders marked archived (FOLDER/archived.json); an archived run counts as
+finished and is never run nor resumed, the others run as usual (an arm on an archived pool
+reads it there). A run still to do on a reduced pool stops the study (leave the seed out, or
+move its archive away), and so do an archived run in another dtype or regime, and a run in
+--out_dir that the archive holds otherwise (nothing is moved). The default DIR:
+docs/runs/study-dynamic with --study dynamic --preset cpu-hard (the plan's), else none (a smoke
+run on tiny keeps its archive out of the repository unless given one); --no-archive or
+--archive '' turns it off. After each sitting, commit it:
 
     git add docs/runs/study-dynamic && git commit -m "study-dynamic: runs ... archived"
 
@@ -82,6 +83,7 @@ import time
 
 import numpy as np
 import torch
+from scipy import stats
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
@@ -300,18 +302,20 @@ def curve(folder: str, part: str, steps: int) -> tuple:
 
 
 # -----------------------------------------------------------------------------------------
-# Intervals, p-values, Holm and the words (docs/study-plan.md); Student's t without scipy
+# Intervals, p-values, Holm and the words (docs/study-plan.md); Student's t from scipy.stats
+
+# two-sided 95 % quantiles of Student's t by degrees of freedom, to two decimals: the table the
+# plans state for the raw intervals (the committed reports used it); beyond it the exact quantile
+t95_table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+
 
 def t95_bounds(values) -> tuple:
     """(mean, low, high): a 95 % t-interval over seeds, in the values' units."""
     values = np.asarray(values, dtype=float)
-    # two-sided 95 % quantiles of Student's t, by degrees of freedom (the audited table, as the
-    # plan states); beyond it the exact quantile
-    t95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
     half = float("nan")
     if len(values) > 1:
         df = len(values) - 1
-        quantile = t95[df] if df in t95 else t_quantile(0.975, df)
+        quantile = t95_table[df] if df in t95_table else stats.t.ppf(0.975, df)
         half = quantile * values.std(ddof=1) / math.sqrt(len(values))
     mean = values.mean()
     return mean, mean - half, mean + half
@@ -323,33 +327,9 @@ def interval(values) -> str:
     return f"{100 * mean:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
 
 
-def t_central(t: float, df: int) -> float:
-    """P(|T| <= t) for Student's t with integer df, in closed form (Abramowitz and Stegun
-    26.7.3 and 26.7.4): θ = atan(t / sqrt(df)), a finite series in cos²θ."""
-    theta = math.atan(abs(t) / math.sqrt(df))
-    sin, cos2 = math.sin(theta), math.cos(theta) ** 2
-    if df == 1:
-        return 2 * theta / math.pi
-    term = total = 1.0
-    for k in range(2 if df % 2 == 0 else 3, df - 1, 2):
-        term *= cos2 * (k - 1) / k
-        total += term
-    if df % 2 == 0:
-        return sin * total
-    return 2 / math.pi * (theta + sin * math.cos(theta) * total)
-
-
-def t_quantile(q: float, df: int) -> float:
-    """The q-quantile of Student's t (q > 0.5), by bisection on t_central."""
-    low, high = 0.0, 1e7
-    for _ in range(200):
-        mid = (low + high) / 2
-        low, high = (mid, high) if t_central(mid, df) < 2 * q - 1 else (low, mid)
-    return (low + high) / 2
-
-
 def paired_test(values) -> dict:
-    """mean, standard error and two-sided t-test p-value of per-seed differences."""
+    """mean, standard error and two-sided t-test p-value of per-seed differences (all equal:
+    p 0, or 1 if they are 0, where scipy's ttest_1samp would give nan)."""
     values = np.asarray(values, dtype=float)
     n = len(values)
     mean = float(values.mean())
@@ -359,13 +339,14 @@ def paired_test(values) -> dict:
     elif se == 0:
         p = 0.0 if mean != 0 else 1.0
     else:
-        p = 1 - t_central(mean / se, n - 1)
+        p = float(2 * stats.t.sf(abs(mean) / se, n - 1))
     return {"n": n, "mean": mean, "se": se, "p": p}
 
 
 def holm(p_values: list, alpha: float = alpha) -> list[dict]:
     """Holm's step-down over the family, per contrast in the given order: the level of its
-    interval, its adjusted p-value, rejected or not. Sorted by p, rank i (0-based) of m is
+    interval, its adjusted p-value, rejected or not (scipy.stats has no Holm, and the level of
+    each interval is the plan's, not a library's). Sorted by p, rank i (0-based) of m is
     tested at alpha / (m - i) while every rank before it was rejected; the first rank not
     rejected and all after it keep that rank's level, so an interval excludes 0 exactly
     where Holm rejects."""
@@ -388,7 +369,7 @@ def level_bounds(test: dict, level: float) -> tuple:
     """(low, high) of a t-interval at two-sided level `level` (alpha), from paired_test."""
     if test["n"] < 2:
         return float("nan"), float("nan")
-    half = t_quantile(1 - level / 2, test["n"] - 1) * test["se"]
+    half = stats.t.ppf(1 - level / 2, test["n"] - 1) * test["se"]
     return test["mean"] - half, test["mean"] + half
 
 
@@ -1324,28 +1305,28 @@ def drop_run_checkpoints(folder: str, runs: list):
 
 # -----------------------------------------------------------------------------------------
 # The archive (--archive DIR): each finished run, reduced to what the report reads, kept in
-# the repository so that a study continues across sittings (the module's docstring)
+# the repository as one JSON document so that a study continues across sittings (the module's
+# docstring)
 
 default_archive = "docs/runs/study-dynamic"  # --study dynamic --preset cpu-hard's, in the repo
-archive_mark = "archived.json"  # in every archived run folder: a reduced copy, never resumed
+archive_mark = "archived.json"  # in every restored run folder: an archived copy, never resumed
 
 
 def archived(folder: str) -> bool:
-    """Whether a run folder is an archived (reduced) copy: finished, never run or resumed."""
+    """Whether a run folder is an archived copy (restore_archived's): finished, never run or
+    resumed."""
     return os.path.isfile(os.path.join(folder, archive_mark))
 
 
 def archived_pool(folder: str) -> str:
-    """The form of an archived run's collect/pool.jsonl by its mark: 'full' (the answer texts,
-    for an arm still to run on it), 'reduced', or '' without a pool. A mark without the key is
-    a whole seed's archive's, whose pools were all reduced; a pool without texts is reduced
-    whatever its mark says (a stopped reduce_pool's)."""
-    path = os.path.join(folder, "collect", "pool.jsonl")
-    if not os.path.isfile(path):
-        return ""
-    form = json.load(open(os.path.join(folder, archive_mark))).get("pool", "reduced")
-    with open(path) as f:
-        return "reduced" if '"responses"' not in f.readline() else form
+    """The form of an archived copy's collect/pool.jsonl, by its mark: 'full' (the answer
+    texts, for an arm still to run on it), 'reduced', or '' without a pool."""
+    return json.load(open(os.path.join(folder, archive_mark))).get("pool", "")
+
+
+def document_path(archive: str, name: str) -> str:
+    """The path of run `name`'s document in the archive."""
+    return os.path.join(archive, f"{name}.json")
 
 
 def pool_users(folder: str, runs: list) -> list:
@@ -1359,71 +1340,77 @@ def jsonl_bytes(rows: list) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-def reduced_pool(rows: list) -> bytes:
+def reduced_pool(rows: list) -> list:
     """A pool's rows as each prompt's id and count of verified answers: no answer texts."""
-    return jsonl_bytes([{"id": r["id"], "answers": len(r["responses"])} for r in rows])
+    return [{"id": r["id"], "answers": len(r["responses"])} for r in rows]
 
 
-def mark_bytes(files: list, pool: str) -> bytes:
-    """archived.json: the files of the archived copy, and its pool's form ('' without one)."""
-    mark = {"archived_by": "tests/study_replay.py --archive", "files": sorted(files),
-            **({"pool": pool} if pool else {}),
+def document(files: dict, pool: str, log: str) -> dict:
+    """An archived run: the mark (what it is; its pool's form, none without a pool), the first
+    start line of its log, and its files by path in the run folder: a JSON file as its object,
+    a JSONL file as its rows."""
+    return {"archived_by": "study_replay.py --archive", **({"pool": pool} if pool else {}),
             "note": "the report's files only: the progress without its answers, the pool with "
                     "them while an arm on it is not archived ('full'), else without "
                     "('reduced'); an archived run counts as finished and is never run or "
-                    "resumed"}
-    return json.dumps(mark, indent=1).encode() + b"\n"
+                    "resumed", "log": log, "files": files}
 
 
-def reduced_run(folder: str, full_pool: bool = False) -> dict:
-    """{path in the folder: bytes} of a finished run's archived copy: config.json, timings.json
-    and every part's metrics.jsonl as they are; the collection's progress.jsonl as its rows' id
-    and tokens, its pool.jsonl as it is if full_pool (an arm on it still to archive), else
-    reduced (reduced_pool); archived.json, the mark (mark_bytes). A part that is a link (A6's
-    phase one, the main run's) is left out."""
-    files = {}
-    for name in ("config.json", "timings.json"):
-        files[name] = open(os.path.join(folder, name), "rb").read()
+def run_document(folder: str, full_pool: bool) -> dict:
+    """A finished run's document: config.json, timings.json and every part's metrics.jsonl as
+    they are; the collection's progress.jsonl as its rows' id and tokens, its pool.jsonl as it
+    is if full_pool (an arm on it still to archive), else reduced (reduced_pool); the first
+    start line of FOLDER.log. A part that is a link (A6's phase one, the main run's) is left
+    out."""
+    files = {name: json.load(open(os.path.join(folder, name)))
+             for name in ("config.json", "timings.json")}
     for path in sorted(glob.glob(os.path.join(folder, "*", "metrics.jsonl"))):
         if not os.path.islink(os.path.dirname(path)):
-            files[os.path.relpath(path, folder)] = open(path, "rb").read()
-    collect = os.path.join(folder, "collect")
-    if os.path.isfile(os.path.join(collect, "progress.jsonl")):
-        files[os.path.join("collect", "progress.jsonl")] = jsonl_bytes(
-            [{"id": r["id"], "tokens": r.get("tokens", 0)}
-             for r in data.read_jsonl(os.path.join(collect, "progress.jsonl"))])
-    pool = os.path.join(collect, "pool.jsonl")
+            files[os.path.relpath(path, folder)] = data.read_jsonl(path)
+    progress, pool = (os.path.join(folder, "collect", f) for f in ("progress.jsonl", "pool.jsonl"))
+    if os.path.isfile(progress):
+        files["collect/progress.jsonl"] = [{"id": r["id"], "tokens": r.get("tokens", 0)}
+                                           for r in data.read_jsonl(progress)]
     if os.path.isfile(pool):
-        files[os.path.join("collect", "pool.jsonl")] = open(pool, "rb").read() if full_pool \
-            else reduced_pool(data.read_jsonl(pool))
+        rows = data.read_jsonl(pool)
+        files["collect/pool.jsonl"] = rows if full_pool else reduced_pool(rows)
     form = ("full" if full_pool else "reduced") if os.path.isfile(pool) else ""
-    files[archive_mark] = mark_bytes([*files, archive_mark], form)
-    return files
-
-
-def start_line(folder: str) -> bytes:
-    """The run's first start line of FOLDER.log (study_replay.py's), b'' without one."""
     logged = first_start(folder)
-    return f"{started_mark}{logged}\n".encode() if logged else b""
+    return document(files, form, f"{started_mark}{logged}\n" if logged else "")
 
 
-def run_files(folder: str, full_pool: bool) -> dict:
-    """{path in the archive: bytes} of a finished run: reduced_run's under its name, and its
-    start line as FOLDER.log."""
-    name = os.path.basename(folder)
-    files = {os.path.join(name, k): v for k, v in reduced_run(folder, full_pool).items()}
-    line = start_line(folder)
-    if line:
-        files[name + ".log"] = line
+def document_bytes(doc: dict) -> bytes:
+    """A document as JSON laid out for reading and for git's diffs: a field or a file a line,
+    and a JSONL file's rows a line each."""
+    def laid_out(value):
+        if not isinstance(value, list):
+            return json.dumps(value)
+        return "[" + ",".join(f"\n   {json.dumps(row)}" for row in value) + "]"
+    fields = [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in doc.items() if k != "files"]
+    files = [f"  {json.dumps(path)}: {laid_out(v)}" for path, v in doc["files"].items()]
+    return ("{" + ",\n ".join(fields + ['"files": {\n' + ",\n".join(files) + "}"])
+            + "}\n").encode()
+
+
+def restored_files(doc: dict, name: str) -> dict:
+    """{path: bytes} of an archived run as run folder `name`: its files as rlep.py writes
+    their rows (a JSONL row a line), its mark (archive_mark: the document less its files and
+    log) and NAME.log, its start line."""
+    files = {f"{name}/{path}": jsonl_bytes(value) if path.endswith(".jsonl")
+             else json.dumps(value).encode() for path, value in doc["files"].items()}
+    mark = {k: v for k, v in doc.items() if k not in ("log", "files")}
+    files[f"{name}/{archive_mark}"] = json.dumps(mark, indent=1).encode() + b"\n"
+    if doc["log"]:
+        files[f"{name}.log"] = doc["log"].encode()
     return files
 
 
-def seed_names(folder: str, seed: int) -> list:
-    """The names of seed S's run folders in a folder: seedS and seedS-* (not seedS0)."""
-    names = [os.path.basename(p) for p in glob.glob(os.path.join(folder, f"seed{seed}-*"))
-             if os.path.isdir(p)]
+def seed_names(archive: str, seed: int) -> list:
+    """The names of seed S's archived runs: seedS and seedS-* (not seedS0)."""
+    names = sorted(os.path.basename(p)[:-len(".json")]
+                   for p in glob.glob(os.path.join(archive, f"seed{seed}-*.json")))
     main = f"seed{seed}"
-    return ([main] if os.path.isdir(os.path.join(folder, main)) else []) + sorted(names)
+    return ([main] if os.path.isfile(document_path(archive, main)) else []) + names
 
 
 def temporary(name: str) -> str:
@@ -1431,30 +1418,11 @@ def temporary(name: str) -> str:
     return f".{name}.tmp"
 
 
-def held_files(folder: str, names: list) -> dict:
-    """{path: bytes} of the run folders `names` in `folder` and their logs, without a stopped
-    replace_file's temporary."""
-    files = {}
-    for name in names:
-        for root, _, found in os.walk(os.path.join(folder, name)):
-            for f in found:
-                if f.startswith(".") and f.endswith(".tmp"):
-                    continue
-                path = os.path.join(root, f)
-                files[os.path.relpath(path, folder)] = open(path, "rb").read()
-        if os.path.isfile(os.path.join(folder, name + ".log")):
-            files[name + ".log"] = open(os.path.join(folder, name + ".log"), "rb").read()
-    return files
-
-
-def archived_alike(folder: str, archive: str) -> bool:
-    """Whether the archive holds this finished run as it would archive it (the archive was made
-    from it): each file as one of the pool's two forms has it (a stopped reduce_pool leaves the
-    pool and its mark in two)."""
-    held = held_files(archive, [os.path.basename(folder)])
-    forms = [run_files(folder, full) for full in (True, False)]
-    return set(held) == set(forms[0]) and all(any(held[p] == form[p] for form in forms)
-                                              for p in held)
+def archived_alike(folder: str, path: str) -> bool:
+    """Whether the document at path holds this finished run as archive_runs makes it (the
+    archive was made from it), its pool full or reduced."""
+    content = open(path, "rb").read()
+    return any(content == document_bytes(run_document(folder, full)) for full in (True, False))
 
 
 def move_in(source: str, name: str, target: str):
@@ -1496,7 +1464,7 @@ def write_files(folder: str, files: dict):
 
 def replace_file(path: str, content: bytes):
     """Write a file anew: to a temporary name beside it, then renamed over it (os.replace), so a
-    stop leaves the old file or the new one (and at worst the temporary, which held_files
+    stop leaves the old file or the new one (and at worst the temporary, which seed_names
     skips and the next write replaces)."""
     new = os.path.join(os.path.dirname(path), temporary(os.path.basename(path)))
     open(new, "wb").write(content)
@@ -1504,33 +1472,32 @@ def replace_file(path: str, content: bytes):
 
 
 def archive_runs(out: str, archive: str, seed: int, runs: list) -> int:
-    """Each finished run of the seed that the archive lacks, reduced (run_files), into archive
-    under its name (write_in), in the runs' order; then the pools no run still needs, reduced
-    (reduce_pool). A pool is archived full while a run on it is not archived: a later sitting
-    runs that arm from it. A restored run (an archived copy) is not written again; a run in the
-    archive already must be archived alike, else it stops (nothing is replaced). Returns the
-    bytes written."""
+    """Each finished run of the seed that the archive lacks, as its document (run_document),
+    into archive as NAME.json (replace_file), in the runs' order; then the pools no run still
+    needs, reduced (reduce_pool). A pool is archived full while a run on it is not archived: a
+    later sitting runs that arm from it. A restored run (an archived copy) is not written
+    again; a run in the archive already must be archived alike, else it stops (nothing is
+    replaced). Returns the bytes written."""
     written = 0
     for folder, _ in runs:
         name = os.path.basename(folder)
+        path = document_path(archive, name)
         if not finished(folder) or archived(folder):
             continue
-        if os.path.isdir(os.path.join(archive, name)):
-            if not archived_alike(folder, archive):
-                raise SystemExit(f"{os.path.join(archive, name)}: archived otherwise than "
-                                 f"{folder}; an archived run is never replaced: move it (and "
-                                 f"{name}.log) away to archive this one")
+        if os.path.isfile(path):
+            if not archived_alike(folder, path):
+                raise SystemExit(f"{path}: archived otherwise than {folder}; an archived run is "
+                                 "never replaced: move it away to archive this one")
             continue
         waiting = [os.path.basename(f) for f in pool_users(folder, runs)
-                   if not archived(os.path.join(archive, os.path.basename(f)))]
-        files = run_files(folder, full_pool=bool(waiting))
+                   if not os.path.isfile(document_path(archive, os.path.basename(f)))]
+        content = document_bytes(run_document(folder, full_pool=bool(waiting)))
         os.makedirs(archive, exist_ok=True)
-        write_in(archive, name, lambda folder: write_files(folder, files))
-        size = sum(map(len, files.values()))
-        written += size
+        replace_file(path, content)
+        written += len(content)
         full = f", its pool in full for {', '.join(waiting)}" if waiting else ""
-        print(f"{name} archived in {archive}: {len(files)} files, {size / 1000:.1f} kB{full} "
-              f"(commit it: git add {archive})", flush=True)
+        print(f"{name} archived in {archive}: {len(content) / 1000:.1f} kB{full} (commit it: "
+              f"git add {archive})", flush=True)
     for folder, _ in runs:
         reduce_pool(archive, folder, runs)
     return written
@@ -1538,62 +1505,52 @@ def archive_runs(out: str, archive: str, seed: int, runs: list) -> int:
 
 def reduce_pool(archive: str, folder: str, runs: list) -> bool:
     """The one replacement the archive allows: once every run on a run's pool is archived, the
-    archived pool.jsonl, full until then, becomes reduced_pool's form, derived from the full
-    file there; then its mark says so. Each file is replaced whole (replace_file): a stop
-    leaves a pool reduced under a mark that says full at worst, and the next call writes the
-    mark. Whether it reduced the pool."""
-    held = os.path.join(archive, os.path.basename(folder))
-    users = [os.path.join(archive, os.path.basename(f)) for f in pool_users(folder, runs)]
-    if not archived(held) or not all(map(archived, users)):
+    pool of its document, full until then, becomes reduced_pool's form, derived from the full
+    pool there, and its mark says so; the document is replaced whole (replace_file), so a
+    stop leaves it full, for the next call. Whether it reduced the pool."""
+    name = os.path.basename(folder)
+    path = document_path(archive, name)
+    users = [os.path.basename(f) for f in pool_users(folder, runs)]
+    if not all(os.path.isfile(document_path(archive, run)) for run in [name, *users]):
         return False
-    mark = json.load(open(os.path.join(held, archive_mark)))
-    if mark.get("pool") != "full":
+    doc = json.load(open(path))
+    if doc.get("pool") != "full":
         return False
-    path = os.path.join(held, "collect", "pool.jsonl")
-    rows = [json.loads(line) for line in open(path)]
-    if all("responses" in r for r in rows):
-        replace_file(path, reduced_pool(rows))
-    elif any(set(r) != {"id", "answers"} for r in rows):
-        raise SystemExit(f"{path}: neither a full pool nor a reduced one, left as it is")
-    replace_file(os.path.join(held, archive_mark), mark_bytes(mark["files"], "reduced"))
-    print(f"{path}: reduced to each prompt's id and count of answers, every run on it archived "
-          f"({', '.join(map(os.path.basename, users))}; commit it: git add {archive})",
-          flush=True)
+    rows = doc["files"]["collect/pool.jsonl"]
+    if not all("responses" in r for r in rows):
+        raise SystemExit(f"{path}: its pool is marked full but lacks answer texts, left as it is")
+    doc["files"]["collect/pool.jsonl"], doc["pool"] = reduced_pool(rows), "reduced"
+    replace_file(path, document_bytes(doc))
+    print(f"{path}: its pool reduced to each prompt's id and count of answers, every run on it "
+          f"archived ({', '.join(users)}; commit it: git add {archive})", flush=True)
     return True
 
 
 def restore_archived(out: str, archive: str, seeds: list) -> list:
-    """Copy each requested seed's archived runs that out lacks into out (write_in: archived
-    copies, never run or resumed); the names copied. A run folder or log in out of a run the
-    archive holds stops it before anything is copied (never replaced), unless it is an archived
-    copy, or the finished run that the archive was made from (archived_alike)."""
+    """Each requested seed's archived runs that out lacks, written into out as run folders
+    (restored_files, write_in: archived copies, never run or resumed); the names restored. A
+    run folder or log in out of a run the archive holds stops it before anything is written
+    (never replaced), unless it is an archived copy, or the finished run that the archive was
+    made from (archived_alike)."""
     restored = []
     for seed in seeds:
         for name in seed_names(archive, seed):
             here = os.path.join(out, name)
-            if not archived(os.path.join(archive, name)) or archived(here):
+            if archived(here):
                 continue
             if os.path.exists(here) or os.path.exists(here + ".log"):
-                if finished(here) and archived_alike(here, archive):
+                if finished(here) and archived_alike(here, document_path(archive, name)):
                     continue
                 raise SystemExit(f"{here}: {name} is archived in {archive}, and out_dir holds "
                                  "another run of it: move it (and its log) away")
             restored.append(name)
     for name in restored:
-        write_in(out, name, lambda folder: copy_run(archive, name, folder))
+        files = restored_files(json.load(open(document_path(archive, name))), name)
+        write_in(out, name, lambda folder: write_files(folder, files))
     if restored:
         print(f"{', '.join(restored)} from the archive {archive}: finished, never run again",
               flush=True)
     return restored
-
-
-def copy_run(source: str, name: str, target: str):
-    """Copy run folder `name` and its log from source into target (not a stopped
-    replace_file's temporary)."""
-    shutil.copytree(os.path.join(source, name), os.path.join(target, name),
-                    ignore=shutil.ignore_patterns(temporary("*")))
-    if os.path.isfile(os.path.join(source, name + ".log")):
-        shutil.copy2(os.path.join(source, name + ".log"), target)
 
 
 def check_archived(seed: int, runs: list, archive: str):

@@ -1,7 +1,7 @@
 """The replay study's analysis (tests/study_replay.py, docs/study-plan.md) on hand-made numbers:
-t quantiles without scipy, Holm's step-down and its intervals, the words of an interval, the
-mechanism on matched prompts and the compute charges, from metrics.jsonl files written here.
-No model, a few seconds.
+t quantiles and p-values (scipy's, and the plans' table), Holm's step-down and its intervals, the
+words of an interval, the mechanism on matched prompts and the compute charges, from
+metrics.jsonl files written here. No model, a few seconds; needs scipy, as the study does.
 Run: python -m pytest -q tests/test_study.py"""
 import dataclasses
 import glob
@@ -14,26 +14,34 @@ import types
 
 import numpy as np
 import pytest
+from scipy import stats
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import study_replay as study  # noqa: E402
 
 
-def test_t_quantiles_match_the_95_table_and_known_values():
+def test_t_quantiles_and_p_values_match_the_95_table_and_known_values():
+    # the plans' two-decimal table is the exact quantiles rounded
+    for df, t in study.t95_table.items():
+        assert round(stats.t.ppf(0.975, df), 2) == t
     table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-    for df, t in table.items():
-        assert round(study.t_quantile(0.975, df), 2) == t
-    # Cauchy: P(|T| <= 1) = 1/2; df 2: P(|T| <= t) = t / sqrt(2 + t^2)
-    assert study.t_central(1.0, 1) == pytest.approx(0.5)
-    assert study.t_central(2.0, 2) == pytest.approx(2 / math.sqrt(6))
-    # t(0.995, 7) = 3.4995, t(0.99, 5) = 3.3649 (printed tables)
-    assert study.t_quantile(0.995, 7) == pytest.approx(3.4995, abs=1e-4)
-    assert study.t_quantile(0.99, 5) == pytest.approx(3.3649, abs=1e-4)
-    # the p-value at the 95 % quantile is 0.05
-    test = study.paired_test([1.0, 2.0, 0.5, 1.5, 3.0, 0.2, 1.1, 2.2])
-    t = test["mean"] / test["se"]
-    assert 1 - study.t_central(study.t_quantile(0.975, 7), 7) == pytest.approx(0.05)
-    assert test["p"] == pytest.approx(1 - study.t_central(t, 7))
+    assert study.t95_table == table
+    # p-values in closed form: df 1 (Cauchy), [0, 2]: t = 1, P(|T| > 1) = 1/2; df 2, [0, 1, 2]:
+    # t = sqrt(3), P(|T| > t) = 1 - t / sqrt(2 + t^2)
+    assert study.paired_test([0.0, 2.0])["p"] == pytest.approx(0.5)
+    assert study.paired_test([0.0, 1.0, 2.0])["p"] == pytest.approx(1 - math.sqrt(3 / 5))
+    # t(0.995, 7) = 3.4995, t(0.99, 5) = 3.3649 (printed tables): Holm intervals at those levels
+    assert study.level_bounds({"n": 8, "mean": 0.0, "se": 1.0}, 0.01)[1] == \
+        pytest.approx(3.4995, abs=1e-4)
+    assert study.level_bounds({"n": 6, "mean": 1.0, "se": 2.0}, 0.02) == \
+        pytest.approx((1 - 2 * 3.3649, 1 + 2 * 3.3649), abs=2e-4)
+    # the p-value at the 95 % quantile is 0.05: differences whose t is t(0.975, 7) = 2.3646
+    values = np.array([1.0, 2.0, 0.5, 1.5, 3.0, 0.2, 1.1, 2.2])
+    se = np.std(values, ddof=1) / math.sqrt(8)
+    shifted = values - values.mean() + 2.364624 * se
+    assert study.paired_test(shifted)["p"] == pytest.approx(0.05, abs=1e-6)
+    test = study.paired_test(values)
+    assert test["p"] < 0.05 and test["se"] == pytest.approx(se)
 
 
 def test_the_raw_interval_beyond_the_table_takes_the_exact_quantile():
@@ -668,8 +676,15 @@ def copied_from(full):
     return done
 
 
+def document(archive, name):
+    """An archived run's document, archive/NAME.json."""
+    return json.load(open(os.path.join(archive, f"{name}.json")))
+
+
 def mark(folder):
-    return json.load(open(os.path.join(folder, study.archive_mark)))
+    """An archived run's mark: its document (FOLDER.json) less its files and log."""
+    held = json.load(open(f"{folder}.json"))
+    return {k: v for k, v in held.items() if k not in ("files", "log")}
 
 
 def test_an_archived_study_holds_the_reports_files_only_and_gives_its_report(tmp_path, capsys):
@@ -679,7 +694,7 @@ def test_an_archived_study_holds_the_reports_files_only_and_gives_its_report(tmp
     archive_all(full, archive)
     printed = capsys.readouterr().out
     assert "seed1 archived in" in printed and "seed1-A8 archived in" in printed
-    assert f"{archive}/seed1/collect/pool.jsonl: reduced" in printed
+    assert f"{archive}/seed1.json: its pool reduced" in printed
     run_files = ["archived.json", "config.json", "timings.json"]
     expected, names = [], []
     for seed in (1, 2, 3):
@@ -692,24 +707,27 @@ def test_an_archived_study_holds_the_reports_files_only_and_gives_its_report(tmp
                                                                                  else 1]:
             expected += [f"{main}-{arm}.log", f"{main}-{arm}/{part}/metrics.jsonl",
                          *(f"{main}-{arm}/{f}" for f in run_files)]
+    # one document a run; read back as run folders, the report's files only
     held = tree(archive)
-    assert sorted(held) == sorted(expected)
-    rows = lambda path: [json.loads(line) for line in held[path].decode().splitlines()]  # noqa
+    assert sorted(held) == sorted(f"{name}.json" for name in names)
+    assert study.restore_archived(again, archive, [1, 2, 3]) == names
+    restored = tree(again)
+    assert sorted(restored) == sorted(expected)
+    rows = lambda path: [json.loads(line) for line in restored[path].decode().splitlines()]  # noqa
     assert rows("seed1/collect/pool.jsonl") == [{"id": p, "answers": 2} for p in ("p1", "p2", "p3")]
     assert rows("seed1/collect/progress.jsonl") == [{"id": f"q{i}", "tokens": 100}
                                                     for i in range(10)]
     # every run of each seed archived: the pools reduced, and marked so
     assert [mark(os.path.join(archive, f"seed{s}"))["pool"] for s in (1, 2, 3)] == ["reduced"] * 3
     assert "pool" not in mark(os.path.join(archive, "seed1-A5"))
-    assert mark(os.path.join(archive, "seed1-A5"))["files"] == [
-        "archived.json", "config.json", "phase2/metrics.jsonl", "timings.json"]
-    assert held["seed2-A7.log"] == \
+    assert sorted(document(archive, "seed1-A5")["files"]) == [
+        "config.json", "phase2/metrics.jsonl", "timings.json"]
+    assert restored["seed2-A7.log"] == \
         f"{study.started_mark}2026-12-02T10:00:00Z on CPU B (bf16 native: amx)\n".encode()
-    assert held["seed1/phase1/metrics.jsonl"] == \
+    assert restored["seed1/phase1/metrics.jsonl"] == \
         open(os.path.join(full, "seed1", "phase1", "metrics.jsonl"), "rb").read()
     assert sum(map(len, held.values())) < 40_000
     # the report from the archive alone, as the run folders give it
-    assert study.restore_archived(again, archive, [1, 2, 3]) == names
     assert tree(archive) == held and all(study.archived(os.path.join(again, n)) for n in names)
     reports = [study.report_dynamic(out, [1, 2, 3], [1, 2], cfg) for out in (full, again)]
     tables = [open(os.path.join(out, "table.md")).read().split("\n") for out in (full, again)]
@@ -734,36 +752,33 @@ def test_a_finished_run_is_archived_its_pool_whole_while_an_arm_on_it_is_not(tmp
     for arm in ("A7", "A8"):  # not finished yet
         os.rename(os.path.join(full, f"seed1-{arm}", "timings.json"), tmp_path / arm)
     study.archive_runs(full, archive, 1, runs)
-    assert sorted(os.listdir(archive)) == ["seed1", "seed1-A5", "seed1-A5.log", "seed1.log"]
+    assert sorted(os.listdir(archive)) == ["seed1-A5.json", "seed1.json"]
     assert "its pool in full for seed1-A5, seed1-A8" in capsys.readouterr().out
-    # the pool byte for byte, answer texts and all, for A8 in a later sitting; the progress not
+    # the pool row for row, answer texts and all, for A8 in a later sitting; the progress not
     pool = open(os.path.join(full, "seed1", "collect", "pool.jsonl"), "rb").read()
     assert b'"responses": ["1", "2"]' in pool
-    assert open(os.path.join(archive, "seed1", "collect", "pool.jsonl"), "rb").read() == pool
-    assert b"successes" not in open(os.path.join(archive, "seed1", "collect", "progress.jsonl"),
-                                    "rb").read()
+    assert document(archive, "seed1")["files"]["collect/pool.jsonl"] == \
+        [json.loads(line) for line in pool.splitlines()]
+    assert b"successes" not in open(os.path.join(archive, "seed1.json"), "rb").read()
     assert mark(os.path.join(archive, "seed1"))["pool"] == "full"
     # A7 finishes: archived on its own; A8, on the pool, is still to come
     os.rename(tmp_path / "A7", os.path.join(full, "seed1-A7", "timings.json"))
     study.archive_runs(full, archive, 1, runs)
-    assert study.archived(os.path.join(archive, "seed1-A7"))
+    assert os.path.isfile(os.path.join(archive, "seed1-A7.json"))
     assert mark(os.path.join(archive, "seed1"))["pool"] == "full"
     before = tree(archive)
     # A8 finishes: archived, and the pool reduced; nothing else in the archive changes
     os.rename(tmp_path / "A8", os.path.join(full, "seed1-A8", "timings.json"))
     capsys.readouterr()
     study.archive_runs(full, archive, 1, runs)
-    assert "seed1/collect/pool.jsonl: reduced" in capsys.readouterr().out
+    assert "seed1.json: its pool reduced" in capsys.readouterr().out
     after = tree(archive)
-    assert sorted(set(after) - set(before)) == [
-        "seed1-A8.log", "seed1-A8/archived.json", "seed1-A8/config.json",
-        "seed1-A8/phase2/metrics.jsonl", "seed1-A8/timings.json"]
-    assert sorted(p for p in before if after[p] != before[p]) == [
-        "seed1/archived.json", "seed1/collect/pool.jsonl"]
-    assert after["seed1/collect/pool.jsonl"] == \
-        b"".join(json.dumps({"id": p, "answers": 2}).encode() + b"\n" for p in ("p1", "p2", "p3"))
-    assert json.loads(after["seed1/archived.json"]) == \
-        {**json.loads(before["seed1/archived.json"]), "pool": "reduced"}
+    assert sorted(set(after) - set(before)) == ["seed1-A8.json"]
+    assert sorted(p for p in before if after[p] != before[p]) == ["seed1.json"]
+    was, now = (json.loads(files["seed1.json"]) for files in (before, after))
+    reduced = [{"id": p, "answers": 2} for p in ("p1", "p2", "p3")]
+    assert now == {**was, "pool": "reduced",
+                   "files": {**was["files"], "collect/pool.jsonl": reduced}}
     # as archiving the finished seed at once makes it; and a further call changes nothing
     study.archive_runs(full, str(tmp_path / "at_once"), 1, runs)
     assert tree(tmp_path / "at_once") == after
@@ -780,36 +795,31 @@ def test_a_stopped_pool_reduction_is_finished_from_what_the_archive_holds(tmp_pa
     replace = os.replace
 
     def failing(source, target):
-        if target.endswith(study.archive_mark):
+        if target == os.path.join(archive, "seed1.json"):
             raise OSError("stopped")
         replace(source, target)
     monkeypatch.setattr(study.os, "replace", failing)
     with pytest.raises(OSError, match="stopped"):
         study.archive_runs(full, archive, 1, runs)
-    # stopped between the two replacements: the pool reduced, its mark still full
+    # stopped at the document's one replacement: the pool still full, its mark too
     held = os.path.join(archive, "seed1")
     assert mark(held)["pool"] == "full"
-    assert b"answers" in open(os.path.join(held, "collect", "pool.jsonl"), "rb").read()
+    assert b"responses" in open(held + ".json", "rb").read()
+    whole = open(held + ".json", "rb").read()
     monkeypatch.setattr(study.os, "replace", replace)
-    # the next call writes the mark only (the pool there is reduced already): as at once
+    # the next call reduces it: as at once
     study.archive_runs(full, archive, 1, runs)
     assert tree(archive) == tree(tmp_path / "at_once")
-    # the reduced pool comes from the archive's full file, not from the run folder's
-    os.rename(os.path.join(archive, "seed1-A8"), tmp_path / "held-A8")
-    study.replace_file(os.path.join(held, "collect", "pool.jsonl"),
-                       open(os.path.join(full, "seed1", "collect", "pool.jsonl"), "rb").read())
-    study.replace_file(os.path.join(held, study.archive_mark),
-                       study.mark_bytes(mark(held)["files"], "full"))
-    os.rename(tmp_path / "held-A8", os.path.join(archive, "seed1-A8"))
+    # the reduced pool comes from the archive's full pool, not from the run folder's
+    study.replace_file(held + ".json", whole)
     with open(os.path.join(full, "seed1", "collect", "pool.jsonl"), "a") as f:
         f.write(json.dumps({"id": "p4", "responses": ["7"]}) + "\n")
     assert study.reduce_pool(archive, runs[0][0], runs)
     assert tree(archive) == tree(tmp_path / "at_once")
-    with open(os.path.join(held, "collect", "pool.jsonl"), "w") as f:
-        f.write(json.dumps({"id": "p1", "texts": 2}) + "\n")
-    study.replace_file(os.path.join(held, study.archive_mark),
-                       study.mark_bytes(mark(held)["files"], "full"))
-    with pytest.raises(SystemExit, match="neither a full pool nor a reduced one"):
+    texts_gone = json.loads(whole)
+    texts_gone["files"]["collect/pool.jsonl"] = [{"id": "p1", "texts": 2}]
+    study.replace_file(held + ".json", json.dumps(texts_gone).encode())
+    with pytest.raises(SystemExit, match="marked full but lacks answer texts"):
         study.reduce_pool(archive, runs[0][0], runs)
 
 
@@ -821,12 +831,11 @@ def test_the_runner_archives_each_finished_run_at_the_start_and_after_it(tmp_pat
         (os.listdir(archive), glob.glob(os.path.join(out, "seed*", "phase*", "step_*")))))
     # the patched run leaves A8 unfinished: every run archived but it, seeds 2 and 3's before it;
     # by then, every finished run's checkpoints are gone
-    assert calls == [os.path.join(out, "seed1-A8")] and "seed3-A5" in seen[0][0]
+    assert calls == [os.path.join(out, "seed1-A8")] and "seed3-A5.json" in seen[0][0]
     assert seen[0][1] == [os.path.join(out, "seed1-A8", "phase2", "step_000004")]
-    assert sorted(os.listdir(archive)) == [
-        "seed1", "seed1-A5", "seed1-A5.log", "seed1-A7", "seed1-A7.log", "seed1.log", "seed2",
-        "seed2-A5", "seed2-A5.log", "seed2-A7", "seed2-A7.log", "seed2-A8", "seed2-A8.log",
-        "seed2.log", "seed3", "seed3-A5", "seed3-A5.log", "seed3.log"]
+    assert sorted(os.listdir(archive)) == sorted(f"{name}.json" for name in [
+        "seed1", "seed1-A5", "seed1-A7", "seed2", "seed2-A5", "seed2-A7", "seed2-A8", "seed3",
+        "seed3-A5"])
     assert [mark(archive / f"seed{s}")["pool"] for s in (1, 2, 3)] == ["full", "reduced",
                                                                        "reduced"]
     assert study.archive_runs(out, str(archive), 1,
@@ -844,7 +853,7 @@ def test_a_sitting_restores_the_archived_runs_and_runs_only_the_others(tmp_path,
     for _ in range(2):  # the first sitting, and the same out_dir started again
         assert run_main(monkeypatch, first, archive) == [str(first / "seed1-A7"),
                                                          str(first / "seed1-A8")]
-        assert "seed1-A7" not in os.listdir(archive) and "seed1-A8" not in os.listdir(archive)
+        assert not {"seed1-A7.json", "seed1-A8.json"} & set(os.listdir(archive))
     held = tree(archive)
     # a second sitting, from a fresh clone: seed 1's A7 and A8 run, the archived runs never
     second = tmp_path / "second"
@@ -862,10 +871,8 @@ def test_a_sitting_restores_the_archived_runs_and_runs_only_the_others(tmp_path,
     assert not glob.glob(str(second / "*" / "phase*" / "step_*"))
     # now archived, seed 1's pool reduced; the runs before unchanged
     after = tree(archive)
-    assert {p: after[p] for p in held if p not in ("seed1/collect/pool.jsonl",
-                                                   "seed1/archived.json")} == \
-        {p: v for p, v in held.items() if p not in ("seed1/collect/pool.jsonl",
-                                                     "seed1/archived.json")}
+    assert {p: after[p] for p in held if p != "seed1.json"} == \
+        {p: v for p, v in held.items() if p != "seed1.json"}
     archive_all(full, str(tmp_path / "at_once"))
     assert after == tree(tmp_path / "at_once")
     # a third sitting runs nothing
@@ -902,8 +909,7 @@ def test_a_run_the_archive_cannot_serve_stops_the_study(tmp_path, monkeypatch):
         run_main(monkeypatch, out, archive, "--family_seeds", "1", "2", "3")
     assert not glob.glob(str(out / "*.float32")) and not (out / "seed3-A7").exists()
     # an arm on the pool archived without its main run: the main run would make another pool
-    shutil.rmtree(archive / "seed2")
-    os.remove(archive / "seed2.log")
+    os.remove(archive / "seed2.json")
     with pytest.raises(SystemExit, match=r"^seed 2: seed2-A5 is archived .* without its pool's "
                                          r"run seed2"):
         run_main(monkeypatch, tmp_path / "fresh", archive)
@@ -915,30 +921,41 @@ def test_a_stale_archived_run_stops_and_nothing_moves(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="seed1: not in bfloat16, and it is an archived run"):
         run_main(monkeypatch, out, archive, dtype="bfloat16")
     assert tree(archive) == held
-    assert sorted(os.listdir(out)) == sorted(os.listdir(archive))
+    names = [f[:-len(".json")] for f in os.listdir(archive)]
+    assert sorted(os.listdir(out)) == sorted(names + [f"{name}.log" for name in names])
 
 
 def test_an_interrupted_archive_write_leaves_no_run(tmp_path, monkeypatch):
     full, archive = finished_study(tmp_path / "full"), str(tmp_path / "archive")
+    out = str(tmp_path / "out")
     runs = study.dynamic_runs_of(full, 1, [], True)
-    rename, targets = os.rename, []
+    replace, rename, targets = os.replace, os.rename, []
 
-    def failing(source, target):
-        targets.append(os.path.relpath(target, archive))
-        if target == os.path.join(archive, "seed1"):
+    def failing(source, target, folder, name, done):
+        targets.append(os.path.relpath(target, folder))
+        if target == os.path.join(folder, name):
             raise OSError("stopped")
-        rename(source, target)
-    monkeypatch.setattr(study.os, "rename", failing)
+        done(source, target)
+    monkeypatch.setattr(study.os, "replace", lambda source, target: failing(
+        source, target, archive, "seed1.json", replace))
     with pytest.raises(OSError, match="stopped"):
         study.archive_runs(full, archive, 1, runs)
-    # the run folder is renamed in after its log; the log moved back, the temporary folder gone
-    assert targets == ["seed1.log", "seed1", os.path.join(".seed1.tmp", "seed1.log")]
-    assert os.listdir(archive) == []
-    monkeypatch.setattr(study.os, "rename", rename)
-    # a write killed between the renames leaves a log without its run: no run, replaced
-    with open(os.path.join(archive, "seed1.log"), "w") as f:
+    # the document is written under a temporary name, then renamed in: stopped, no run there
+    assert targets == ["seed1.json"] and os.listdir(archive) == [".seed1.json.tmp"]
+    monkeypatch.setattr(study.os, "replace", replace)
+    # a write killed before its rename leaves the temporary: no run, replaced
+    with open(os.path.join(archive, ".seed1.json.tmp"), "w") as f:
         f.write("a stopped write's\n")
-    assert study.restore_archived(str(tmp_path / "out"), archive, [1]) == []
+    assert study.restore_archived(out, archive, [1]) == []
     study.archive_runs(full, archive, 1, runs)
     study.archive_runs(full, str(tmp_path / "clean"), 1, runs)
     assert tree(archive) == tree(tmp_path / "clean")
+    # restored into out_dir, a run folder is renamed in after its log: the folder's rename
+    # stopped, the log moved back, the temporary folder gone
+    targets.clear()
+    monkeypatch.setattr(study.os, "rename", lambda source, target: failing(
+        source, target, out, "seed1", rename))
+    with pytest.raises(OSError, match="stopped"):
+        study.restore_archived(out, archive, [1])
+    assert targets == ["seed1.log", "seed1", os.path.join(".seed1.tmp", "seed1.log")]
+    assert os.listdir(out) == []
