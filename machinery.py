@@ -364,11 +364,6 @@ class Split(NamedTuple):
     max_tokens: int  # padded tokens a micro-batch holds, longest rows first; 0: by rows
     share_prompts: bool  # a row holds a prompt once, then its responses (collate)
 
-@dataclass
-class MiniBatch:
-    micro_batches: list[dict]  # this rank's, the lockstep padding included
-    num_tokens: int  # N, the token mean's divisor
-
 def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
                       seed: int) -> list[np.ndarray]:
     """An epoch's mini-batches as runs of consecutive positions of the step's prompts,
@@ -508,10 +503,10 @@ class IdleSample:
     replay: bool = False
     old_logprobs: torch.Tensor = None
 
-def build_mini_batch(positions, rows: dict, sizes: dict, split: Split, d: Dist,
-                     pad_id: int) -> MiniBatch:
-    """This rank's micro-batches of the prompts at `positions`, as tensors, and N; rows:
-    step_rows'."""
+def micro_batches(positions, rows: dict, sizes: dict, split: Split, d: Dist,
+                  pad_id: int) -> list[dict]:
+    """This rank's micro-batches of the mini-batch of the prompts at `positions`, as tensors
+    (collate), as many as every other rank's; rows: step_rows'."""
     plan = plan_micro_batches(positions, sizes, d.world_size, split)
     passes = max(map(len, plan))
     micro = []
@@ -527,8 +522,7 @@ def build_mini_batch(positions, rows: dict, sizes: dict, split: Split, d: Dist,
         idle_batch = collate([idle], pad_id, d.device, split.share_prompts)
         idle_batch["idle"] = True
         micro += [idle_batch] * (passes - len(micro))
-    num_tokens = sum(sizes[p].response_tokens for p in positions)
-    return MiniBatch(micro, num_tokens)
+    return micro
 
 def group_sizes(my_groups: dict, d: Dist) -> dict:
     """Every rank's groups' sizes, {position: GroupSize}, from this rank's {position:
@@ -539,15 +533,6 @@ def group_sizes(my_groups: dict, d: Dist) -> dict:
         row_lengths = tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group)
         my_sizes.append(GroupSize(position, response_tokens, row_lengths, d.rank))
     return {g.position: g for g in gather_lists(my_sizes, d)}
-
-def epoch_mini_batches(rows: dict, sizes: dict, num_updates: int, epoch: int,
-                       seed: int, split: Split, d: Dist, pad_id: int) -> list[MiniBatch]:
-    """An epoch's mini-batches (plan_mini_batches): this rank's micro-batches of each, of
-    its step_rows, as many passes as every other rank's, and N, the mini-batch's tokens
-    on all ranks."""
-    runs = plan_mini_batches(len(sizes), num_updates, epoch, seed)
-    return [build_mini_batch(positions, rows, sizes, split, d, pad_id)
-            for positions in runs]
 
 def collate(samples: list, pad_id: int, device, share_prompts: bool = False) -> dict:
     """A micro-batch as tensors; a row is [prompt | response], positions from 0 as in vLLM.

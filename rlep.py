@@ -78,8 +78,8 @@ from data import (UserError, append_jsonl, checkpoint_path, final_report, load_p
                   save_plan, save_pool, start_wandb, save_config, step_counts, step_record,
                   finish_wandb, track, write_atomic)
 from machinery import (Completion, Dist, Engine, Split, TokenLogProbs,
-                       epoch_mini_batches, first_flagged, gather_lists, gather_to_rank0,
-                       group_sizes, load_model, rank0_decides, setup_distributed, shard,
+                       first_flagged, gather_lists, gather_to_rank0, group_sizes, load_model,
+                       micro_batches, plan_mini_batches, rank0_decides, setup_distributed, shard,
                        start_engine, step_rows)
 
 # ---------------------------------------------------------------------------
@@ -483,27 +483,31 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
     # a cache of bf16 weight copies would cost 13 GiB for 7B
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
-    sizes = group_sizes(my_groups, d)  # every rank's
+    sizes = group_sizes(my_groups, d)  # every rank's groups: {position: token counts}
     total_samples = sum(len(g.row_lengths) for g in sizes.values())
     num_updates = max(1, round(total_samples / sequences_per_update))
     split = Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
-    # rows, not groups, are dealt to the ranks (by tokens)
+    # rows, not groups, are dealt to the ranks (by tokens): this rank's, one exchange a step
     rows = step_rows(my_groups, sizes, num_updates, split, d)
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
-        # this rank's micro-batches of each mini-batch, and N
-        mini_batches = epoch_mini_batches(rows, sizes, num_updates, epoch,
-                                          seed_for(seed, epoch), split, d, pad_id)
+        # a mini-batch: a run of the step's shuffled prompts, whole groups, replays included;
+        # later epochs take the runs in another order
+        runs = plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))
+        # N: each mini-batch's response tokens on all ranks
+        num_tokens = [sum(sizes[p].response_tokens for p in run) for run in runs]
+        # this rank's micro-batches of each, as many as every other rank's (FSDP2's lockstep)
+        mini_batches = [micro_batches(run, rows, sizes, split, d, pad_id) for run in runs]
         if epoch == 0:
             # π_θold of every sequence, replays included,
             # in one no-grad pass before any update, for
             # every mini-batch but the first (below)
             with torch.no_grad(), autocast:
                 for mini_batch in mini_batches[1:]:
-                    for micro in mini_batch.micro_batches:
+                    for micro in mini_batch:
                         keep_old_logprobs(micro, policy(micro))
         for k, mini_batch in enumerate(mini_batches):
-            for micro in mini_batch.micro_batches:
+            for micro in mini_batch:
                 with autocast:
                     logprobs = policy(micro)  # (S, L)
                     if epoch == 0 and k == 0:
@@ -514,12 +518,12 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
                     loss, metrics = policy_loss(logprobs, micro["old_logprobs"],
                                                 micro["advantages"], micro["completion_mask"],
                                                 cfg.clip_low, cfg.clip_high, cfg.clip_c,
-                                                num_tokens=mini_batch.num_tokens)
+                                                num_tokens=num_tokens[k])
                     if cfg.replay_loss == "nll":
                         # control: replays imitated (their Â is 0)
                         replay_mask = micro["completion_mask"] * micro["replays"][:, None]
                         loss = loss + cfg.replay_coef * imitation_loss(
-                            logprobs, replay_mask, mini_batch.num_tokens)  # control
+                            logprobs, replay_mask, num_tokens[k])  # control
                 # A rank's loss is its tokens' share of the token mean
                 # (their sum over N); FSDP2 averages gradients over the W
                 # ranks, so W times the loss sums the shares.

@@ -48,7 +48,7 @@ mutations = [
     ("dual clip at a fixed c = 10", "rlep.py", "-adv * clip_c)", "-adv * 10.0)"),
     ("per-sequence mean", "rlep.py", "loss = (per_token_loss * mask).sum() / num_tokens",
      "loss = ((per_token_loss * mask).sum(1) / mask.sum(1)).mean()"),
-    ("N per micro-batch", "rlep.py", "num_tokens=mini_batch.num_tokens)", "num_tokens=None)"),
+    ("N per micro-batch", "rlep.py", "num_tokens=num_tokens[k])", "num_tokens=None)"),
     # the advantage
     ("population std", "rlep.py", "groups.std(dim=1, keepdim=True)",
      "groups.std(dim=1, keepdim=True, unbiased=False)"),

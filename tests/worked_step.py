@@ -55,7 +55,7 @@ rlep_names = {
     "groups": "make_groups", "group": "build_group", "penalty": "overlong_penalty",
     "advantages": "group_advantages", "replays": "draw_replays",
     "plan": "machinery.plan_mini_batches",
-    "mini_batch": "machinery.build_mini_batch", "old_logprobs": "keep_old_logprobs",
+    "mini_batch": "micro_batches", "old_logprobs": "keep_old_logprobs",
     "loss": "policy_loss", "update": "ppo_update", "logprobs": "machinery.TokenLogProbs",
     "collect": "collect", "visit": "visit",
 }
@@ -183,7 +183,7 @@ def step_numbers(recording: Recording, cfg, tokenizer) -> dict:
     for k, mini_batch in enumerate(mini_batches):
         micro_losses, log_ratios = [], []
         fresh_tokens = replay_tokens = 0
-        for micro in mini_batch.micro_batches:
+        for micro in mini_batch:
             loss_args, (loss, metrics) = loss_calls[id(micro["advantages"])]
             micro_losses.append(loss.item())
             mask = loss_args["mask"].bool()
@@ -200,7 +200,8 @@ def step_numbers(recording: Recording, cfg, tokenizer) -> dict:
                            | {"num_tokens": loss_args["num_tokens"], "loss": loss.item()})
                 tokens += token_numbers(micro, loss_args, real_loss, tokenizer, group)
         batches.append({
-            "number": k + 1, "positions": positions[k], "N": mini_batch.num_tokens,
+            "number": k + 1, "positions": positions[k],
+            "N": loss_calls[id(mini_batch[0]["advantages"])][0]["num_tokens"],
             "fresh_tokens": fresh_tokens, "replay_tokens": replay_tokens,
             "micro_losses": micro_losses, "loss": sum(micro_losses),
             "max_abs_log_ratio": max(log_ratios), "micro_batches": len(micro_losses)})
@@ -358,9 +359,10 @@ def reflow(text: str, width: int = 100) -> str:
 
 
 def signed_sum(terms: list[str]) -> str:
-    """'+0.1', '-0.2', '+0.3' as '0.1 - 0.2 + 0.3'."""
-    text = " ".join(f"{t[0]} {t[1:]}" for t in terms)
-    return text[2:] if text.startswith("+ ") else text
+    """'+0.1', '-0.2', '+0.3' as '0.1 - 0.2 + 0.3' (the first term's sign kept on it)."""
+    text = " ".join(f"{t[0]} {t[1:]}" for t in terms[1:])
+    first = terms[0][1:] if terms[0].startswith("+") else terms[0]
+    return f"{first} {text}" if text else first
 
 
 def render(numbers: dict) -> str:
@@ -510,11 +512,11 @@ r = 1 exactly, and mini-batch 2 with a policy one AdamW step
 
 """ + table(["mini-batch", "positions (prompts)", "N = fresh + replay tokens",
              "micro-batches", "loss", "max \\|log r\\|"], rows) + f"""
-positions: {fn('plan')}; N: {fn('mini_batch')}; loss: the sum of {fn('loss')} over the
+positions: {fn('plan')}; N: {fn('update')}; loss: the sum of {fn('loss')} over the
 micro-batches; log r = log π_θ - log π_θold, as {fn('loss')} received them.
 
 N counts every response token of the mini-batch, replays included, the end token included
-({fn('mini_batch')}). A micro-batch's {fn('loss')} is its tokens' loss summed, divided by that N:
+({fn('update')}). A micro-batch's {fn('loss')} is its tokens' loss summed, divided by that N:
 {fn('update')} backpropagates each, so the mini-batch's loss is the sum over its micro-batches
 ({micro_sum} = {num(f'mini-batch {off["number"]} loss', off['loss'], '+.6f')} for mini-batch
 {off['number']}).
