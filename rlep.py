@@ -58,7 +58,6 @@ import hashlib
 import importlib.util
 import json
 import math
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -71,7 +70,8 @@ from tqdm import tqdm
 
 import verify
 from builtin import resolve_dtype, resolve_model
-from checks import check_config, check_start, dataclass_flags, stop_line
+from checks import (catch_stops, check_config, check_start, dataclass_flags, end_on_stop,
+                    saving, stop, stop_if_asked)
 from data import (UserError, append_jsonl, checkpoint_path, final_report, load_pool,
                   load_trainer_state, log_step, logprob_gaps, protected_steps, resume_point,
                   progress_row, read_collection, read_jsonl, remove_leftovers, save_checkpoint,
@@ -656,6 +656,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
     start, ckpt, prompt_round = rank0_decides(lambda: resume_point(part_dir), d)
     if start >= steps:
         return
+    stage[0] = f"{part}, before step {start + 1}"
     # a collected pool's size is known only now (checks.py checked the rest)
     if len(rows) < cfg.prompts_per_step:
         raise UserError(f"{part}: {len(rows)} prompts, fewer than --prompts_per_step "
@@ -693,6 +694,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
     sequences_per_update = cfg.mini_batch_prompts * per_prompt
 
     for step in range(start, steps):
+        stop_if_asked()
         stage[0] = f"{part} step {step + 1} of {steps}"
         lr = learning_rate(step, cfg)
         for group in optimizer.param_groups:
@@ -733,8 +735,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
 
         if step + 1 in save_plan(cfg, part):
             # pruning keeps the weights the collection reads
-            save_checkpoint(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
-                            protected_steps(cfg, part), prompt_round)
+            with saving():
+                save_checkpoint(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
+                                protected_steps(cfg, part), prompt_round)
     engine.sleep()
     # FSDP2's modules sit in reference cycles: free
     # this part's policy and AdamW now, before the
@@ -778,6 +781,7 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
         # in its own dtype (no trainer copy)
         engine.push(path=ckpt)  # RLEP
         for start in range(0, len(todo), cfg.prompts_per_step):
+            stop_if_asked()
             chunk = todo[start:start + cfg.prompts_per_step]
             records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
                                        d, seed_key=(cfg.seed, "collect"),
@@ -884,8 +888,10 @@ def main(argv=None):
             phase_two(cfg, given_pool, train_rows, engine, tokenizer, end_id, model_path, d,
                       val_rows)  # RLEP
     finally:
-        # vLLM's groups, torchrun's too (else at exit, below)
-        engine.shutdown()
+        # vLLM's groups, torchrun's too (else at exit, below); a stop
+        # says where it stopped first (vLLM's exit handler shuts down)
+        if not stop["why"]:
+            engine.shutdown()
 
     total = time.perf_counter() - started
     spent = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
@@ -897,24 +903,16 @@ def main(argv=None):
     # the table too; a run that stopped early is closed by wandb at exit
     finish_wandb(table)
 
-def stop_on_sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
-
 if __name__ == "__main__":
-    # torchrun stops its ranks with SIGTERM:
-    # one stuck in a collective must go
-    if "RANK" not in os.environ:
-        signal.signal(signal.SIGTERM, stop_on_sigterm)
+    catch_stops()  # Ctrl-C and SIGTERM
     try:
         main()
     except UserError as e:  # bad input: one line; any other error keeps its traceback
         print(f"rlep.py: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt as e:
-        if os.environ.get("RANK", "0") == "0":
-            line = stop_line(str(e) or "Ctrl-C", parse_config(), sys.argv[1:], stage[0])
-            print(line, file=sys.stderr)
-        sys.exit(143 if str(e) == "SIGTERM" else 130)
+    except (KeyboardInterrupt, Exception) as e:
+        # a stop's line and exit; other errors go on
+        end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
     finally:
         # every exit, a refusal's too: a gloo thread left running aborts it
         if dist.is_initialized():

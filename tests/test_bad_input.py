@@ -17,6 +17,7 @@ from dataclasses import asdict
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import checks
 import data
@@ -293,23 +294,70 @@ def test_a_dapo_pool_without_candidates_on_some_rows_says_how_many(tmp_path, cap
         capsys.readouterr().out
 
 
-def test_ctrl_c_prints_one_line_with_what_is_saved_and_the_resume_command(tmp_path,
-                                                                          cache_dir):
-    out = tmp_path / "run"
+def test_ctrl_c_in_a_save_lets_it_finish_then_stops_at_once_in_one_line(tmp_path, cache_dir):
+    """Ctrl-C as a terminal sends it (SIGINT to the process group, the verify workers too),
+    landing in step 2's save, made 3 s long (a sitecustomize slows the save's final rename):
+    the save completes, no .tmp folder is left, the one line names step 2, saved, and the
+    process ends after its exit handlers without Python's teardown (10 s and more of freeing
+    torch's and vLLM's objects). A stop that broke into the save would leave step_000002.tmp
+    and name no checkpoint."""
+    site = tmp_path / "site"
+    site.mkdir()
+    # each process marks its exit handlers' run and its teardown (a module global freed then)
+    (site / "sitecustomize.py").write_text(
+        "import atexit, os, re, time\n"
+        "mark = os.environ['SAVING_MARK']\n"
+        "class Touch:\n"
+        "    def __init__(self, name):\n"
+        "        self.path = f'{mark}.{os.getpid()}.{name}'\n"
+        "    def __call__(self):\n"
+        "        open(self.path, 'w').close()\n"
+        "    __del__ = __call__\n"
+        "teardown = Touch('teardown')\n"
+        "atexit.register(Touch('atexit'))\n"
+        "replace = os.replace\n"
+        "def slow_replace(src, dst):\n"
+        "    if str(src).endswith('.tmp') and re.search(r'step_\\d+$', str(dst)):\n"
+        "        open(mark, 'w').close()\n"
+        "        time.sleep(3)\n"
+        "    replace(src, dst)\n"
+        "os.replace = slow_replace\n")
+    out, mark = tmp_path / "run", tmp_path / "saving"
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "SAVING_MARK": str(mark)}
     command = [sys.executable, os.path.join(repo, "rlep.py"), "--preset", "tiny", "--out_dir",
                str(out), "--cache_dir", str(cache_dir), "--phase", "1", "--val_every", "0"]
-    # as a terminal's Ctrl-C finds it: a shell's background job inherits SIGINT ignored
+    # a foreground job: a process group of its own, SIGINT at its default
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
-                                                                           signal.SIG_DFL))
-    saved = out / "phase1" / "step_000002" / "trainer_state.pt"
+                               text=True, env=env, process_group=0,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
-    while not saved.exists() and process.poll() is None and time.time() < deadline:
+    while not mark.exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
+    os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     lines = stderr.strip().splitlines()
     assert process.returncode == 130 and len(lines) == 1, stderr[-3000:]
-    assert lines[0].startswith("rlep.py: stopped (Ctrl-C) in phase1 step ")
-    assert f"saved in {out}: phase1 step 2" in lines[0]
+    assert lines[0].startswith(f"rlep.py: stopped (Ctrl-C) in phase1 step 2 of 4; saved in "
+                               f"{out}: phase1 step 2; continue with: ")
     assert lines[0].endswith("--phase 1 --val_every 0 --resume")
+    assert sorted(os.listdir(out / "phase1")) == ["metrics.jsonl", "samples.jsonl",
+                                                  "step_000002"]
+    assert os.path.exists(f"{mark}.{process.pid}.atexit")
+    assert not os.path.exists(f"{mark}.{process.pid}.teardown")
+
+
+def test_a_stop_names_the_part_it_stopped_in(tmp_path, monkeypatch):
+    """Between the collection and phase two's first step (the policy loaded, the base model
+    validated) a stop is in phase two's start, not "in the collection"."""
+    cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(tmp_path)])
+    rows = data.read_rows(cfg.train_file)
+    rlep.stage[0] = "the collection"
+
+    def stopped(*args):
+        raise KeyboardInterrupt("Ctrl-C")
+    monkeypatch.setattr(rlep, "build_policy", stopped)
+    cpu = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
+    with pytest.raises(KeyboardInterrupt):
+        rlep.train(cfg, "phase2", rows, None, None, 0, "base", cpu, [], replay=True)
+    assert rlep.stage[0] == "phase2, before step 1"
