@@ -159,7 +159,7 @@ class Config:
     resume: bool = False  # continue the run in out_dir
     override: bool = False  # --resume with changed values: take them (config.json records it)
     seed: int = 1  # every random draw derives from it: see seed_for
-    dtype: str = "auto"  # float32 or bfloat16 (autocast, vLLM); auto: GPU bf16, CPU measured
+    dtype: str = "auto"  # {auto, float32, bfloat16}: auto: GPU bf16, CPU measured
     gradient_checkpointing: bool = True  # memory for compute
     gpu_memory_utilization: float = 0.55  # vLLM's share (docs/gpu.md: Memory budget)
     timeout_minutes: int = 180  # a collective waits this long for a slow rank
@@ -265,13 +265,15 @@ def clock(activity: str, step_times: dict = None):
 # Data: rows {"id", "problem", "answer" [, "prompt" (chat), "responses" (a pool's)]}, read
 # and checked by data.py; here they become prompts, a step at a time
 
-def render_prompt(tokenizer, row: dict, template: str, max_len: int) -> list[int]:
-    """The row's chat prompt as token ids, generation prompt included, cut
-    from the left to max_len tokens."""
+def prompt_text(tokenizer, row: dict, template: str) -> str:
+    """The row's chat prompt, generation prompt included."""
     user = {"role": "user", "content": template.format(problem=row["problem"])}
     messages = row.get("prompt") or [user]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                         tokenize=False)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+def render_prompt(tokenizer, row: dict, template: str, max_len: int) -> list[int]:
+    """The row's chat prompt as token ids, cut from the left to max_len tokens."""
+    text = prompt_text(tokenizer, row, template)
     return tokenizer(text, add_special_tokens=False)["input_ids"][-max_len:]
 
 def end_token_id(tokenizer, stop_token: str) -> int:
@@ -850,7 +852,8 @@ def main(argv=None):
     # rank 0 checks the run, the model, each row, the pool
     # and the disk; every rank gets its config or refusal
     checked = {}  # rank 0's, the rows it read too
-    saved = rank0_decides(lambda: check_start(cfg, model_path, d.world_size, checked), d)
+    saved = rank0_decides(
+        lambda: check_start(cfg, model_path, d.world_size, checked, prompt_text), d)
     if cfg.dtype == "auto" and "dtype" in saved:
         cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
 
