@@ -12,6 +12,7 @@ starts.
     check_start       rank 0's checks of what a command reads: the run in out_dir, the model,
                       the files row by row, the pool, where it writes (check_writable), the disk
     dataclass_flags   the command line: a flag per Config field, its comment the help
+    hold_run_folder   one process writes a run folder (a lock file)
     ask_to_stop, ...  Ctrl-C and SIGTERM: at once, but after a save; end_on_stop's one line
     stop_line         what Ctrl-C or SIGTERM prints: where, what is saved, what continues
     check_save_plan   a collect_step phase one reaches
@@ -21,6 +22,7 @@ starts.
 import argparse
 import atexit
 import contextlib
+import fcntl
 import inspect
 import json
 import operator
@@ -29,6 +31,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 from dataclasses import asdict
@@ -376,7 +379,40 @@ def stop_line(why: str, cfg, argv: list, where: str) -> str:
 
 
 # ---------------------------------------------------------------------------
-# How a run stops
+# The run's one writer, and how it stops
+
+# the run folder this process holds, {lock file: its open file} (hold_run_folder)
+held_folder = {}
+
+
+def hold_run_folder(out_dir: str):
+    """One process writes a run folder: an exclusive flock on its rlep.lock, taken before the
+    first write and held for the process's life (the kernel lets go however the process ends,
+    a SIGKILL too); the file names the holder. A second process on the folder is refused: a
+    --resume while torchrun's ranks, orphaned by a SIGKILL of their launcher (each rank is in a
+    session of its own), still write the run."""
+    path = os.path.realpath(os.path.join(out_dir, "rlep.lock"))
+    if path in held_folder:
+        return  # an earlier main in this process holds it
+    os.makedirs(out_dir, exist_ok=True)
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise UserError(f"--out_dir {out_dir}: in use by {holder} (it holds {path}): one "
+                        "process writes a run; wait for it to end, or stop it") from None
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    # an earlier main's folder, in this process, is let go
+    for earlier in held_folder.values():
+        earlier.close()
+    held_folder.clear()
+    held_folder[path] = handle
+
 
 # A stop (Ctrl-C, SIGTERM) of a plain `python rlep.py` (torchrun's ranks keep Python's default:
 # SIGTERM ends a rank stuck in a collective) raises KeyboardInterrupt at once, but not inside a

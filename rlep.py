@@ -71,7 +71,7 @@ from tqdm import tqdm
 import verify
 from builtin import resolve_dtype, resolve_model
 from checks import (catch_stops, check_config, check_start, dataclass_flags, end_on_stop,
-                    saving, stop, stop_if_asked)
+                    hold_run_folder, saving, stop, stop_if_asked)
 from data import (UserError, append_jsonl, checkpoint_path, final_report, load_pool,
                   load_trainer_state, log_step, logprob_gaps, protected_steps, resume_point,
                   progress_row, read_collection, read_jsonl, remove_leftovers, save_checkpoint,
@@ -863,6 +863,8 @@ def main(argv=None):
     # every rank refuses a bad --stop_token alike, before config.json
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     end_id = end_token_id(tokenizer, cfg.stop_token)
+    # one process writes the run: rank 0 holds its folder from the first write on
+    rank0_decides(lambda: hold_run_folder(cfg.out_dir), d)
     if d.master_process:
         print(f"rlep: preset {cfg.preset}, {d.world_size} rank(s) on {d.device.type}, dtype "
               f"{cfg.dtype} ({dtype.why}), torch threads {torch.get_num_threads()}, output "

@@ -474,3 +474,67 @@ def test_a_pool_the_training_prompts_miss_and_cut_prompts_are_warned_about_once(
     assert capsys.readouterr().err.splitlines() == [
         f"rlep.py: warning: --max_prompt_len 40: {expected} of 40 training prompts are longer, "
         "cut from the left (their start is lost)"]
+
+
+def rank_pids(out):
+    """{RANK: pid} of the live processes running rlep.py on `out` under torchrun."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        ranks = [v[5:].decode() for v in environ if v.startswith(b"RANK=")]
+        if str(out).encode() in command and ranks:
+            found[int(ranks[0])] = int(pid)
+    return found
+
+
+def ended(pid):
+    try:
+        return "\nState:\tZ" in open(f"/proc/{pid}/status").read()
+    except FileNotFoundError:
+        return True
+
+
+def test_a_second_writer_is_refused_while_orphaned_torchrun_ranks_hold_the_run(
+        tmp_path, cache_dir, monkeypatch):
+    """torchrun starts each rank in a session of its own: a SIGKILL of the launcher's process
+    group (a scheduler's kill, a closed terminal) leaves the ranks running, writing the run.
+    A --resume meanwhile is refused, naming rank 0's pid; nothing of it runs."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", os.path.join(repo, "rlep.py"), "--preset", "tiny",
+               "--out_dir", str(out), "--cache_dir", str(cache_dir), "--phase", "1",
+               "--phase1_steps", "50", "--val_every", "0"]
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    metrics = out / "phase1" / "metrics.jsonl"
+    ranks = {}
+    try:
+        # a launcher killed mid-run: a step done
+        deadline = time.time() + 300
+        while '"step": 1' not in (metrics.read_text() if metrics.exists() else ""):
+            assert launcher.poll() is None and time.time() < deadline, "no step 1"
+            time.sleep(0.2)
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        ranks = rank_pids(out)
+        assert sorted(ranks) == [0, 1], "the ranks did not outlive their launcher"
+        monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("a second writer"))
+        with pytest.raises(data.UserError) as error:
+            rlep.main(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
+                       str(cache_dir), "--phase", "1", "--phase1_steps", "50", "--val_every",
+                       "0", "--resume"])
+        assert f"--out_dir {out}: in use by pid {ranks[0]} on " in str(error.value)
+        os.kill(ranks[0], 0)  # alive: the holder, still writing
+    finally:
+        ranks.update(rank_pids(out))
+        for pid in ranks.values():
+            os.kill(pid, signal.SIGKILL)
+    # the kernel let go of the lock with its holder (dead, or a zombie: its files are closed)
+    deadline = time.time() + 60
+    while not all(ended(pid) for pid in ranks.values()) and time.time() < deadline:
+        time.sleep(0.1)
+    checks.hold_run_folder(str(out))

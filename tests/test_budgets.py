@@ -23,8 +23,8 @@ training_path = ["rlep.py", "machinery.py", "data.py", "checks.py", "builtin.py"
 # Raised to 20,600: refusals of a model folder's weights, tokenizer and context, of an output
 # folder no file can be made in, of a resume's unreadable or incomplete config.json, of rows
 # that differ under one id, and warnings for cut prompts and for a pool the training prompts
-# miss (checks.py; data.py).
-max_code_tokens = 20600
+# miss (checks.py; data.py). Raised to 20,700: one process writes a run folder (a lock).
+max_code_tokens = 20700
 
 
 def read_lines(name):
