@@ -6,16 +6,23 @@ starts.
                       the legal but surprising ones
     resume_changes    the fields a --resume command changes: refused, or with --override
                       recorded in config.json
-    check_model       --model_path: a model folder (a hub name is fetched into one before)
+    check_model       --model_path: a model folder (a hub name is fetched into one before),
+                      its weights whole (check_weights); its tokenizer (check_tokenizer) and
+                      context (check_context)
     check_start       rank 0's checks of what a command reads: the run in out_dir, the model,
-                      the files row by row, the pool, the disk
+                      the files row by row, the pool, where it writes (check_writable), the disk
     dataclass_flags   the command line: a flag per Config field, its comment the help
+    hold_run_folder   one process writes a run folder (a lock file)
+    ask_to_stop, ...  Ctrl-C and SIGTERM: at once, but after a save; end_on_stop's one line
     stop_line         what Ctrl-C or SIGTERM prints: where, what is saved, what continues
     check_save_plan   a collect_step phase one reaches
     check_disk        the peak of the checkpoints (disk_budget, checkpoint_size), metrics,
                       samples and pool against the free space
 """
 import argparse
+import atexit
+import contextlib
+import fcntl
 import inspect
 import json
 import operator
@@ -23,7 +30,10 @@ import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import sys
+import tempfile
 from dataclasses import asdict
 from typing import NamedTuple
 
@@ -35,7 +45,9 @@ from data import (UserError, checkpoint_path, complete_checkpoints, latest_check
 
 # Each number's range (rlep.Config's fields); a field may have two bounds
 number_ranges = {
-    ">= 1": "prompts_per_step n max_prompt_len max_response_len mini_batch_prompts epochs "
+    # GRPO standardises a group's rewards: a group of one has no spread, its Â is 0
+    ">= 2": "n",
+    ">= 1": "prompts_per_step max_prompt_len max_response_len mini_batch_prompts epochs "
             "micro_batch_size phase1_steps phase2_steps collect_k min_successes val_k "
             "save_every timeout_minutes max_gen_rounds",
     ">= 0": "overlong_buffer overlong_factor lr weight_decay warmup_steps clip_low clip_high "
@@ -74,17 +86,23 @@ def dataclass_flags(cls):
         yield name, flag
 
 
-def check_config(cfg, world_size: int = 1) -> list[str]:
-    """Refuse a number out of its range or a combination that cannot run (UserError, one
-    line); return a warning line for each legal but surprising one. cfg: rlep.Config. Every
-    rank decides alike: nothing but the command is read."""
-    for bound, names in number_ranges.items():
+def check_ranges(values: dict, ranges: dict):
+    """Refuse a flag's value out of its range: ranges {"<sign> <limit>": "name name ..."}, as
+    number_ranges (eval.py has its own); values {name: value}."""
+    for bound, names in ranges.items():
         sign, limit = bound.split()
         compare, words = comparisons[sign]
         for name in names.split():
             # NaN fails every comparison
-            if not compare(getattr(cfg, name), float(limit)):
-                raise UserError(f"--{name} {getattr(cfg, name)}: must be {words} {limit}")
+            if not compare(values[name], float(limit)):
+                raise UserError(f"--{name} {values[name]}: must be {words} {limit}")
+
+
+def check_config(cfg, world_size: int = 1) -> list[str]:
+    """Refuse a number out of its range or a combination that cannot run (UserError, one
+    line); return a warning line for each legal but surprising one. cfg: rlep.Config. Every
+    rank decides alike: nothing but the command is read."""
+    check_ranges(asdict(cfg), number_ranges)
     for name, other in at_most.items():
         if getattr(cfg, name) > getattr(cfg, other):
             raise UserError(f"--{name} {getattr(cfg, name)}: must be at most --{other} "
@@ -118,28 +136,127 @@ free_on_resume = {"out_dir", "phase", "resume", "override", "keep_checkpoints", 
 
 
 def resume_changes(cfg, saved: dict, at: dict) -> list[dict]:
-    """The fields where a --resume command differs from its run's config.json (`saved`; a
-    field it lacks is not compared): refused, or with --override returned as records for
-    config.json's "overrides", each with `at` (the steps of the run's newest checkpoints)."""
+    """The fields where a --resume command differs from its run's config.json (`saved`),
+    or that config.json lacks: refused, or with --override returned as records for
+    config.json's "overrides" (a lacking field's "from" None), each with `at` (the steps of
+    the run's newest checkpoints)."""
     now = asdict(cfg)
-    changed = [name for name, value in now.items()
-               if name in saved and name not in free_on_resume and saved[name] != value
-               and not (name == "dtype" and value == "auto")]
+    compared = [name for name in now if name not in free_on_resume]
+    # A field config.json lacks (deleted by hand, or the run is an older rlep.py's) is
+    # refused, not filled in: the command's value could silently differ from the run's. A
+    # checkpoint's rlep_config.json is no stand-in: it predates any later --override.
+    lacking = [name for name in compared if saved and name not in saved]
+    if lacking and not cfg.override:
+        shown = ", ".join(f"--{name}" for name in lacking)
+        raise UserError(f"--resume: {os.path.join(cfg.out_dir, 'config.json')} lacks {shown}: "
+                        "restore them (a checkpoint's rlep_config.json holds the values it was "
+                        "saved with), or add --override to take this command's (config.json "
+                        "records them)")
+    changed = [name for name in compared if name in saved and saved[name] != now[name]
+               and not (name == "dtype" and now[name] == "auto")]
     if changed and not cfg.override:
         shown = ", ".join(f"--{name} {saved[name]!r} (now {now[name]!r})" for name in changed)
         raise UserError(f"--resume: the run in {cfg.out_dir} has {shown}: resume with its "
                         "values, or add --override to continue with these (config.json "
                         "records the change)")
-    return [{"field": name, "from": saved[name], "to": now[name], **at} for name in changed]
+    return [{"field": name, "from": saved.get(name), "to": now[name], **at}
+            for name in compared if name in changed or name in lacking]
 
 
-def check_model(path: str):
-    """--model_path: a model folder (a hub name is fetched into one before: resolve_model)."""
+def check_model(path: str, flag: str = "--model_path"):
+    """A model folder (a hub name is fetched into one before: resolve_model), `flag` naming it
+    in a refusal: config.json and whole weights."""
     if not os.path.isdir(path):
-        raise UserError(f"--model_path {path}: no such folder (a hub name like Qwen/Qwen2.5-Math"
-                        "-7B is fetched once into huggingface_hub's cache)")
+        raise UserError(f"{flag} {path}: no such folder (a hub name like Qwen/Qwen2.5-Math-7B "
+                        "is fetched once into huggingface_hub's cache)")
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise UserError(f"--model_path {path}: not a model folder (no config.json)")
+        raise UserError(f"{flag} {path}: not a model folder (no config.json)")
+    check_weights(path, flag)
+
+
+def check_weights(folder: str, flag: str):
+    """The folder's weights are there and whole, read from the safetensors headers alone
+    (milliseconds for 7B). Without safetensors or pytorch_model*.bin files vLLM would load
+    any .pt file as weights (a checkpoint's trainer_state.pt); a file cut short by a copy
+    would fail deep in its loader."""
+    names = os.listdir(folder)
+    shards = sorted(n for n in names if n.endswith(".safetensors"))
+    if not shards and not any(n.startswith("pytorch_model") and n.endswith(".bin")
+                              for n in names):
+        raise UserError(f"{flag} {folder}: no weights (model.safetensors or pytorch_model.bin)")
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            listed = set(json.load(f).get("weight_map", {}).values())
+        missing = sorted(listed - set(shards))
+        if missing:
+            raise UserError(f"{flag} {folder}: no {missing[0]}, a shard its "
+                            "model.safetensors.index.json lists")
+    for name in shards:
+        path = os.path.join(folder, name)
+        size = os.path.getsize(path)
+        # 8 bytes of header length, the JSON header (100 MB at most), then the tensors' bytes
+        # at data_offsets: the file ends where the last tensor does
+        with open(path, "rb") as f:
+            header_len = int.from_bytes(f.read(8), "little")
+            if size < 8 or header_len > 100 << 20:
+                raise UserError(f"{path}: not a safetensors file")
+            end = 8 + header_len
+            whole_header = end <= size
+            if whole_header:
+                try:
+                    header = json.loads(f.read(header_len))
+                    end += max((t["data_offsets"][1] for key, t in header.items()
+                                if key != "__metadata__"), default=0)
+                except (ValueError, KeyError, TypeError, IndexError):
+                    raise UserError(f"{path}: not a safetensors file (its header is "
+                                    "unreadable)") from None
+        if end > size:
+            raise UserError(f"{path}: cut short, {size:,} bytes where its header needs "
+                            f"{end:,}{'' if whole_header else ' or more'} (an interrupted "
+                            "copy?)")
+
+
+def check_tokenizer(tokenizer, path: str, flag: str = "--model_path"):
+    """A tokenizer rlep.py can use: transformers builds a one-token tokenizer from a folder
+    without tokenizer files, and every row is rendered with apply_chat_template."""
+    if len(tokenizer) < 2:
+        raise UserError(f"{flag} {path}: no tokenizer (tokenizer.json, or vocab.json and "
+                        "merges.txt): copy the model's tokenizer files into it")
+    if not tokenizer.chat_template:
+        raise UserError(f"{flag} {path}: the tokenizer has no chat template (prompts are "
+                        "rendered with apply_chat_template): copy the model's "
+                        "chat_template.jinja or tokenizer_config.json into it")
+
+
+def model_context(path: str, tokenizer) -> tuple[int, str] | None:
+    """The model's context in tokens, and where it is said, as vLLM derives it for an
+    ordinary model: config.json's max_position_embeddings, capped by the tokenizer's
+    model_max_length, stretched by a linear or dynamic RoPE scaling factor. None if the
+    config gives no length (vLLM then decides)."""
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(path)
+    context = getattr(config, "max_position_embeddings", None)
+    if not context:
+        return None
+    where = f"max_position_embeddings in {path}/config.json"
+    if tokenizer.model_max_length < context:
+        context, where = tokenizer.model_max_length, f"model_max_length of {path}'s tokenizer"
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type") in ("linear", "dynamic") and rope.get("factor"):
+        context, where = int(context * rope["factor"]), f"{where}, x RoPE factor {rope['factor']}"
+    return context, where
+
+
+def check_context(cfg, model_path: str, tokenizer):
+    """A prompt and its response must fit the model's context, as vLLM requires. cfg:
+    rlep.Config (max_prompt_len, max_response_len)."""
+    found = model_context(model_path, tokenizer)
+    total = cfg.max_prompt_len + cfg.max_response_len
+    if found and total > found[0]:
+        raise UserError(f"--max_prompt_len {cfg.max_prompt_len} + --max_response_len "
+                        f"{cfg.max_response_len} = {total} tokens: over the model's context, "
+                        f"{found[0]} ({found[1]})")
 
 
 def read_inputs(cfg) -> tuple:
@@ -152,12 +269,14 @@ def read_inputs(cfg) -> tuple:
     return train_rows, val_rows, pool
 
 
-def check_start(cfg, model_path: str, world_size: int, kept: dict) -> dict:
+def check_start(cfg, model_path: str, world_size: int, kept: dict, prompt_text) -> dict:
     """Rank 0's checks of what the command reads, before anything is written: the run in
-    out_dir (and how this command differs from it), the model folder and its tokenizer, the
-    data files row by row, the pool, the disk. Raises UserError, or returns the saved config
-    (every rank needs it) and keeps in `kept` what rank 0 alone needs: the records of its
-    changes for config.json ("changes") and the rows read ("inputs")."""
+    out_dir (and how this command differs from it), the model folder, its weights, tokenizer
+    and context, the data files row by row, the pool, where the run writes and its disk; a
+    warning line for a pool the training prompts miss and for prompts longer than
+    --max_prompt_len (prompt_text, as warn_cut_prompts). Raises UserError, or returns the
+    saved config (every rank needs it) and keeps in `kept` what rank 0 alone needs: the
+    records of its changes for config.json ("changes") and the rows read ("inputs")."""
     from transformers import AutoTokenizer
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise UserError(f"--out_dir {cfg.out_dir}: a file, not a folder")
@@ -166,16 +285,17 @@ def check_start(cfg, model_path: str, world_size: int, kept: dict) -> dict:
         if not cfg.resume:
             raise UserError(f"{cfg.out_dir} already holds a run: pass --resume to continue "
                             "it, or another --out_dir")
-        with open(config_path) as f:
-            saved = json.load(f)
+        saved = read_saved_config(config_path)
     at = {f"{part}_step": latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
           for part in ("phase1", "phase2")}
     changes = resume_changes(cfg, saved, at)
     check_model(model_path)
     try:
-        AutoTokenizer.from_pretrained(model_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_path)
     except OSError as e:  # a folder without a tokenizer
         raise UserError(f"--model_path {model_path}: {str(e).splitlines()[0]}") from None
+    check_tokenizer(tokenizer, model_path)
+    check_context(cfg, model_path, tokenizer)
     inputs = train_rows, _, pool = read_inputs(cfg)
     # the parts whose prompts are known now (a pool still to be collected is not)
     parts = {"1": pool if cfg.phase1_prompts == "pool" else train_rows,
@@ -187,9 +307,57 @@ def check_start(cfg, model_path: str, world_size: int, kept: dict) -> dict:
     collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
     if cfg.phase == "2" and not cfg.pool and not os.path.isfile(collected):
         raise UserError(f"--phase 2 needs --pool FILE, or the collection's {collected}")
+    if pool and cfg.phase2_prompts == "all" and cfg.phase in ("all", "2"):
+        # control: phase two visits the training prompts; a pooled prompt it never
+        # visits is never replayed (none visited: the baseline again, replay_frac 0)
+        known = {row["id"] for row in train_rows}
+        unvisited = sum(row["id"] not in known for row in pool)
+        if unvisited:
+            warn(f"--pool {cfg.pool}: {unvisited} of its {len(pool)} prompts are not in "
+                 f"--train_file {cfg.train_file} (matched by id): with --phase2_prompts all "
+                 "their answers are never replayed")
+    warn_cut_prompts(inputs, tokenizer, cfg, prompt_text)
+    check_writable(cfg.out_dir)
     check_disk(cfg, model_path, len(train_rows), world_size)
     kept.update(changes=changes, inputs=inputs)
     return saved
+
+
+def warn_cut_prompts(inputs: tuple, tokenizer, cfg, prompt_text):
+    """One warning line for the rows whose prompts are longer than --max_prompt_len (cut from
+    the left at each step, without a word): the training rows, the validation rows, the pool
+    (read_inputs). cfg: rlep.Config; prompt_text(tokenizer, row, template): a row's prompt.
+    A token spans at least a byte of the text (a SentencePiece prefix aside): only texts of
+    max_prompt_len bytes or more can be cut, and only they are tokenized."""
+    cut = []
+    for name, rows in zip(("training", "validation", "pooled"), inputs):
+        texts = [prompt_text(tokenizer, row, cfg.prompt_template) for row in rows or []]
+        long = [text for text in texts if len(text.encode()) >= cfg.max_prompt_len]
+        ids = tokenizer(long, add_special_tokens=False)["input_ids"] if long else []
+        count = sum(len(prompt) > cfg.max_prompt_len for prompt in ids)
+        if count:
+            cut.append(f"{count:,} of {len(rows):,} {name}")
+    if cut:
+        warn(f"--max_prompt_len {cfg.max_prompt_len}: {', '.join(cut)} prompts are longer, cut "
+             "from the left (their start is lost)")
+
+
+def read_saved_config(path: str) -> dict:
+    """A run's config.json, or a refusal naming it."""
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e}): restore it (a checkpoint's "
+                        "rlep_config.json holds the values it was saved with)") from None
+    if not isinstance(saved, dict):
+        raise UserError(f"{path}: not a JSON object of the run's flags")
+    return saved
+
+
+def warn(line: str):
+    """A legal but surprising input: one line, on the rank that checks."""
+    print(f"rlep.py: warning: {line}", file=sys.stderr, flush=True)
 
 
 def stop_line(why: str, cfg, argv: list, where: str) -> str:
@@ -208,6 +376,103 @@ def stop_line(why: str, cfg, argv: list, where: str) -> str:
     command = shlex.join([sys.argv[0], *argv] + ([] if cfg.resume else ["--resume"]))
     return (f"rlep.py: stopped ({why}) in {where}; saved in {cfg.out_dir}: {saved}; continue "
             f"with: {launcher} {command}")
+
+
+# ---------------------------------------------------------------------------
+# The run's one writer, and how it stops
+
+# the run folder this process holds, {lock file: its open file} (hold_run_folder)
+held_folder = {}
+
+
+def hold_run_folder(out_dir: str):
+    """One process writes a run folder: an exclusive flock on its rlep.lock, taken before the
+    first write and held for the process's life (the kernel lets go however the process ends,
+    a SIGKILL too); the file names the holder. A second process on the folder is refused: a
+    --resume while torchrun's ranks, orphaned by a SIGKILL of their launcher (each rank is in a
+    session of its own), still write the run."""
+    path = os.path.realpath(os.path.join(out_dir, "rlep.lock"))
+    if path in held_folder:
+        return  # an earlier main in this process holds it
+    os.makedirs(out_dir, exist_ok=True)
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise UserError(f"--out_dir {out_dir}: in use by {holder} (it holds {path}): one "
+                        "process writes a run; wait for it to end, or stop it") from None
+    handle.truncate(0)
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    handle.flush()
+    # an earlier main's folder, in this process, is let go
+    for earlier in held_folder.values():
+        earlier.close()
+    held_folder.clear()
+    held_folder[path] = handle
+
+
+# A stop (Ctrl-C, SIGTERM) of a plain `python rlep.py` (torchrun's ranks keep Python's default:
+# SIGTERM ends a rank stuck in a collective) raises KeyboardInterrupt at once, but not inside a
+# save: torch's checkpoint code would wrap it in another error and leave half a checkpoint, so
+# the stop waits for the save's end. "why": the stop asked for, seen at the next step or chunk
+# (stop_if_asked) where a raise got lost (caught in a __del__); "deferred": inside a save.
+stop = {"why": "", "deferred": False}
+
+
+def catch_stops():
+    """ask_to_stop for Ctrl-C and SIGTERM, in a plain process; torchrun's ranks keep Python's
+    default (SIGTERM ends a rank stuck in a collective)."""
+    if "RANK" not in os.environ:
+        signal.signal(signal.SIGINT, ask_to_stop)
+        signal.signal(signal.SIGTERM, ask_to_stop)
+
+
+def ask_to_stop(signum, frame):
+    """The handler of SIGINT and SIGTERM; a second one stops a save too."""
+    again = bool(stop["why"])
+    stop["why"] = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    if again or not stop["deferred"]:
+        raise KeyboardInterrupt(stop["why"])
+
+
+def stop_if_asked():
+    """A safe point: a stop asked for and not yet acted on takes effect here."""
+    if stop["why"]:
+        raise KeyboardInterrupt(stop["why"])
+
+
+@contextlib.contextmanager
+def saving():
+    """A save a stop waits for; a second stop does not wait."""
+    stop["deferred"] = True
+    try:
+        yield
+    finally:
+        stop["deferred"] = False
+    stop_if_asked()
+
+
+def end_on_stop(error: BaseException, cfg, argv: list, where: str):
+    """rlep.py's end after a stop: its one line (stop_line) on rank 0, exit 130 (Ctrl-C) or
+    143 (SIGTERM). The line comes first: main leaves the engine's shutdown (two full garbage
+    collections, 2 to 9 s here) to vLLM's exit handler. A plain process then runs its exit
+    handlers (vLLM's, W&B's) and ends without Python's teardown of torch's and vLLM's objects
+    (10 s and more here). Any other error, unless raised during a stop (a library's wrapping
+    of it), is raised again."""
+    if not (isinstance(error, KeyboardInterrupt) or stop["why"]):
+        raise error
+    why = stop["why"] or str(error) or "Ctrl-C"
+    if os.environ.get("RANK", "0") == "0":
+        print(stop_line(why, cfg, argv, where), file=sys.stderr, flush=True)
+    code = 143 if why == "SIGTERM" else 130
+    if "RANK" in os.environ:
+        sys.exit(code)
+    sys.stdout.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
 
 
 # ---------------------------------------------------------------------------
@@ -313,6 +578,28 @@ def show_bytes(n: float) -> str:
     return f"{n / max(size, 1):.1f} {unit}"
 
 
+def nearest_folder(out_dir: str) -> str:
+    """The output folder, or the nearest folder above it that exists (where it will be
+    made)."""
+    where = os.path.abspath(out_dir)
+    while not os.path.exists(where):
+        where = os.path.dirname(where)
+    if not os.path.isdir(where):
+        raise UserError(f"--out_dir {out_dir}: {where} is a file, not a folder")
+    return where
+
+
+def check_writable(out_dir: str):
+    """A folder made and removed where the run will write: a read-only disk, a folder of
+    another user's or a virtual filesystem (/proc) is refused here, not by the first save.
+    The out_dir's own contents stay as they are."""
+    where = nearest_folder(out_dir)
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rlep-write-test-", dir=where))
+    except OSError as e:
+        raise UserError(f"--out_dir {out_dir}: cannot write in {where} ({e.strerror})") from None
+
+
 def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1):
     """Refuse a command whose checkpoints, metrics, samples and pool would not fit on the
     output disk (num_rows: the training prompts the collection answers). Called before
@@ -320,9 +607,7 @@ def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1):
     need = disk_budget(cfg, checkpoint_size(model_path, ranks), held_checkpoints(cfg.out_dir))
     logs = log_bytes(cfg, num_rows)
     # the output folder may not exist yet: the disk it will be on
-    where = os.path.abspath(cfg.out_dir)
-    while not os.path.isdir(where):
-        where = os.path.dirname(where)
+    where = nearest_folder(cfg.out_dir)
     free = shutil.disk_usage(where).free + sum(map(folder_bytes, leftovers(cfg.out_dir)))
     peak, each, held = (show_bytes(need[k]) for k in ("peak", "per_checkpoint", "on_disk"))
     print(f"disk: checkpoints peak at {peak} ({each} each, --keep_checkpoints "

@@ -170,6 +170,10 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
         lines = [(i, text) for i, text in enumerate(text_lines(local, path), start=1)
                  if text.strip()]
     rows, left_out = {}, 0
+    # each id's first row number and problem: the collection pools answers, and seeds draws,
+    # by id, so one id names one problem (its rows are then one, the first kept, as any
+    # problem's repeats)
+    first_of_id = {}
     for i, raw in lines:
         where = f"{path}: row {i}"
         if isinstance(raw, str):
@@ -184,6 +188,10 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
                                 "verified answers, a non-empty list)")
             left_out += 1
             continue
+        first, problem = first_of_id.setdefault(row["id"], (i, row["problem"]))
+        if problem != row["problem"]:
+            raise UserError(f"{path}: rows {first} and {i}: both have id {row['id']!r}, with "
+                            "other problems (the collection pools answers by id)")
         rows.setdefault(row["problem"], row)
     if left_out:
         print(f"{path}: {left_out} rows without reward_model.candidates left out of the pool",
@@ -200,7 +208,8 @@ def text_lines(path: str, name: str) -> list[str]:
     with open(path, "rb") as f:
         for i, line in enumerate(f, start=1):
             try:
-                lines.append(line.decode("utf-8"))
+                # a byte-order mark (editors write one) is not part of the first row
+                lines.append(line.decode("utf-8-sig" if i == 1 else "utf-8"))
             except UnicodeDecodeError as e:
                 raise UserError(f"{name}: row {i}: not UTF-8 (byte 0x{line[e.start]:02x} at "
                                 f"offset {e.start})") from None

@@ -29,6 +29,7 @@ import json
 import math
 import os
 import re
+import sys
 
 import numpy as np
 import torch
@@ -36,6 +37,7 @@ from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
 import builtin
+import checks
 import data
 import verify
 
@@ -155,8 +157,8 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
     old["rules"] = ["equivalence" if r == "default" else r for r in old.get("rules", [])]
     changed = sorted(key for key in settings if old.get(key) != settings[key])
     if changed:
-        raise ValueError(f"{out_dir}: samples made with other settings ({', '.join(changed)}); "
-                         "use another --out_dir")
+        raise data.UserError(f"{out_dir}: samples made with other settings "
+                             f"({', '.join(changed)}); use another --out_dir")
 
     # read_jsonl drops a killed run's torn last line; rank 0 rewrites the file without it
     # rank 0's reading for every rank: one seeing an older file would sample other chunks
@@ -254,12 +256,21 @@ def write_curve(out_dir: str, results_by_model: dict, k: int) -> str:
 def compare(run_dirs: list[str], out_png: str) -> str:
     """rlep.py's baseline-vs-RLEP table of finished runs and their validation curves (the
     figure a run draws at its end, data.plot_comparison), for several runs at once."""
-    return f"{data.comparison_table(run_dirs)}\n\n{data.plot_comparison(run_dirs, out_png)}\n"
+    table = data.comparison_table(run_dirs)  # before any folder is made
+    os.makedirs(os.path.dirname(out_png), exist_ok=True)
+    return f"{table}\n\n{data.plot_comparison(run_dirs, out_png)}\n"
+
+
+# each number's range, as checks.number_ranges: vLLM's sampling bounds; a sample, a token, a chunk
+number_ranges = {">= 1": "k max_new_tokens max_prompt_len chunk_problems", ">= 0": "seed",
+                 "> 0": "temperature top_p gpu_memory_utilization",
+                 "<= 1": "top_p gpu_memory_utilization", "<= 2": "temperature"}
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(
         description="avg@k and pass@k of checkpoints on math benchmarks")
+    parser.error = lambda message: parser.exit(2, f"eval.py: {message} (see --help)\n")
     parser.add_argument("--model", action="append", default=[],
                         help="model or checkpoint folder (repeatable)")
     parser.add_argument("--run_dir", action="append", default=[],
@@ -280,7 +291,7 @@ def parse_args(argv=None):
     parser.add_argument("--stop_token", default="",
                         help="as rlep.py's: '' ends responses at the tokenizer's EOS")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="auto",
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto: bfloat16 on a GPU; on a CPU the faster of float32 and "
                              "bfloat16, measured (builtin.resolve_dtype)")
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.85,
@@ -295,28 +306,38 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    # a bad file, row, run or --stop_token stops here, with its reason, before any engine starts
+    # bad input raises data.UserError here, before anything is written or any engine starts
     try:
         if args.compare:  # finished runs only: no engine
-            os.makedirs(args.out_dir, exist_ok=True)
             print(compare(args.compare, os.path.join(args.out_dir, "compare.png")))
             return
+        checks.check_ranges(vars(args), number_ranges)
         benchmarks = load_benchmarks(args.data)
         models = args.model + [p for run_dir in args.run_dir for p in run_checkpoints(run_dir)]
+        # whole model folders, with a tokenizer the prompts can be rendered with; a hub name
+        # that is no folder here is left to transformers and vLLM, which fetch it
+        for model_dir in models:
+            flag = "--model" if model_dir in args.model else "--run_dir"
+            if os.path.exists(model_dir) or not re.fullmatch(r"[\w.-]+/[\w.-]+", model_dir):
+                checks.check_model(model_dir, flag)
+            checks.check_tokenizer(AutoTokenizer.from_pretrained(model_dir), model_dir, flag)
         if len({repr(architecture(m)) for m in models}) > 1:  # one engine serves them all
             raise ValueError("the models differ in architecture: evaluate them in separate calls")
         rlep.end_token_id(AutoTokenizer.from_pretrained(models[0]), args.stop_token)
-    except (ValueError, OSError) as e:
-        raise SystemExit(f"eval.py: {e}")
-    d = rlep.setup_distributed()
-    engine = None
-    try:
         # several checkpoints: one subfolder each, named like the run's phase*/step_* folders
         subs = [""]
         if len(models) > 1:
             subs = [os.path.join(*os.path.normpath(m).split(os.sep)[-2:]) for m in models]
         if len(set(subs)) < len(subs):
-            raise SystemExit(f"eval.py: two models would share an output folder: {subs}")
+            raise ValueError(f"two models would share an output folder: {subs}")
+        checks.check_writable(args.out_dir)
+    except OSError as e:  # a hub name offline, a folder --compare cannot make
+        raise data.UserError(str(e).splitlines()[0]) from None
+    except ValueError as e:
+        raise data.UserError(str(e)) from None
+    d = rlep.setup_distributed()
+    engine = None
+    try:
         results_by_model = {}
         for model_dir, sub in zip(models, subs):
             out_dir = os.path.join(args.out_dir, sub)
@@ -335,4 +356,8 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except data.UserError as e:  # bad input: one line; any other error keeps its traceback
+        print(f"eval.py: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -58,7 +58,6 @@ import hashlib
 import importlib.util
 import json
 import math
-import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -71,7 +70,8 @@ from tqdm import tqdm
 
 import verify
 from builtin import resolve_dtype, resolve_model
-from checks import check_config, check_start, dataclass_flags, stop_line
+from checks import (catch_stops, check_config, check_start, dataclass_flags, end_on_stop,
+                    hold_run_folder, saving, stop, stop_if_asked)
 from data import (UserError, append_jsonl, checkpoint_path, final_report, load_pool,
                   load_trainer_state, log_step, logprob_gaps, protected_steps, resume_point,
                   progress_row, read_collection, read_jsonl, remove_leftovers, save_checkpoint,
@@ -159,7 +159,7 @@ class Config:
     resume: bool = False  # continue the run in out_dir
     override: bool = False  # --resume with changed values: take them (config.json records it)
     seed: int = 1  # every random draw derives from it: see seed_for
-    dtype: str = "auto"  # float32 or bfloat16 (autocast, vLLM); auto: GPU bf16, CPU measured
+    dtype: str = "auto"  # {auto, float32, bfloat16}: auto: GPU bf16, CPU measured
     gradient_checkpointing: bool = True  # memory for compute
     gpu_memory_utilization: float = 0.55  # vLLM's share (docs/gpu.md: Memory budget)
     timeout_minutes: int = 180  # a collective waits this long for a slow rank
@@ -265,13 +265,15 @@ def clock(activity: str, step_times: dict = None):
 # Data: rows {"id", "problem", "answer" [, "prompt" (chat), "responses" (a pool's)]}, read
 # and checked by data.py; here they become prompts, a step at a time
 
-def render_prompt(tokenizer, row: dict, template: str, max_len: int) -> list[int]:
-    """The row's chat prompt as token ids, generation prompt included, cut
-    from the left to max_len tokens."""
+def prompt_text(tokenizer, row: dict, template: str) -> str:
+    """The row's chat prompt, generation prompt included."""
     user = {"role": "user", "content": template.format(problem=row["problem"])}
     messages = row.get("prompt") or [user]
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                         tokenize=False)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+def render_prompt(tokenizer, row: dict, template: str, max_len: int) -> list[int]:
+    """The row's chat prompt as token ids, cut from the left to max_len tokens."""
+    text = prompt_text(tokenizer, row, template)
     return tokenizer(text, add_special_tokens=False)["input_ids"][-max_len:]
 
 def end_token_id(tokenizer, stop_token: str) -> int:
@@ -660,6 +662,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
     start, ckpt, prompt_round = rank0_decides(lambda: resume_point(part_dir), d)
     if start >= steps:
         return
+    stage[0] = f"{part}, before step {start + 1}"
     # a collected pool's size is known only now (checks.py checked the rest)
     if len(rows) < cfg.prompts_per_step:
         raise UserError(f"{part}: {len(rows)} prompts, fewer than --prompts_per_step "
@@ -697,6 +700,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
     sequences_per_update = cfg.mini_batch_prompts * per_prompt
 
     for step in range(start, steps):
+        stop_if_asked()
         stage[0] = f"{part} step {step + 1} of {steps}"
         lr = learning_rate(step, cfg)
         for group in optimizer.param_groups:
@@ -737,8 +741,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
 
         if step + 1 in save_plan(cfg, part):
             # pruning keeps the weights the collection reads
-            save_checkpoint(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
-                            protected_steps(cfg, part), prompt_round)
+            with saving():
+                save_checkpoint(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
+                                protected_steps(cfg, part), prompt_round)
     engine.sleep()
     # FSDP2's modules sit in reference cycles: free
     # this part's policy and AdamW now, before the
@@ -782,6 +787,7 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
         # in its own dtype (no trainer copy)
         engine.push(path=ckpt)  # RLEP
         for start in range(0, len(todo), cfg.prompts_per_step):
+            stop_if_asked()
             chunk = todo[start:start + cfg.prompts_per_step]
             records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
                                        d, seed_key=(cfg.seed, "collect"),
@@ -850,7 +856,8 @@ def main(argv=None):
     # rank 0 checks the run, the model, each row, the pool
     # and the disk; every rank gets its config or refusal
     checked = {}  # rank 0's, the rows it read too
-    saved = rank0_decides(lambda: check_start(cfg, model_path, d.world_size, checked), d)
+    saved = rank0_decides(
+        lambda: check_start(cfg, model_path, d.world_size, checked, prompt_text), d)
     if cfg.dtype == "auto" and "dtype" in saved:
         cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
 
@@ -860,6 +867,8 @@ def main(argv=None):
     # every rank refuses a bad --stop_token alike, before config.json
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     end_id = end_token_id(tokenizer, cfg.stop_token)
+    # one process writes the run: rank 0 holds its folder from the first write on
+    rank0_decides(lambda: hold_run_folder(cfg.out_dir), d)
     if d.master_process:
         print(f"rlep: preset {cfg.preset}, {d.world_size} rank(s) on {d.device.type}, dtype "
               f"{cfg.dtype} ({dtype.why}), torch threads {torch.get_num_threads()}, output "
@@ -888,8 +897,10 @@ def main(argv=None):
             phase_two(cfg, given_pool, train_rows, engine, tokenizer, end_id, model_path, d,
                       val_rows)  # RLEP
     finally:
-        # vLLM's groups, torchrun's too (else at exit, below)
-        engine.shutdown()
+        # vLLM's groups, torchrun's too (else at exit, below); a stop
+        # says where it stopped first (vLLM's exit handler shuts down)
+        if not stop["why"]:
+            engine.shutdown()
 
     total = time.perf_counter() - started
     spent = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
@@ -901,24 +912,16 @@ def main(argv=None):
     # the table too; a run that stopped early is closed by wandb at exit
     finish_wandb(table)
 
-def stop_on_sigterm(signum, frame):
-    raise KeyboardInterrupt("SIGTERM")
-
 if __name__ == "__main__":
-    # torchrun stops its ranks with SIGTERM:
-    # one stuck in a collective must go
-    if "RANK" not in os.environ:
-        signal.signal(signal.SIGTERM, stop_on_sigterm)
+    catch_stops()  # Ctrl-C and SIGTERM
     try:
         main()
     except UserError as e:  # bad input: one line; any other error keeps its traceback
         print(f"rlep.py: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt as e:
-        if os.environ.get("RANK", "0") == "0":
-            line = stop_line(str(e) or "Ctrl-C", parse_config(), sys.argv[1:], stage[0])
-            print(line, file=sys.stderr)
-        sys.exit(143 if str(e) == "SIGTERM" else 130)
+    except (KeyboardInterrupt, Exception) as e:
+        # a stop's line and exit; other errors go on
+        end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
     finally:
         # every exit, a refusal's too: a gloo thread left running aborts it
         if dist.is_initialized():

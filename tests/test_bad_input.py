@@ -8,6 +8,7 @@ Run: python -m pytest -q tests/test_bad_input.py (about 3 minutes)"""
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from dataclasses import asdict
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
+from transformers import AutoTokenizer
 
 import checks
 import data
@@ -26,8 +29,8 @@ repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """Bad data and pool files, and a good pool."""
+def files(tmp_path_factory, tiny_model):
+    """Bad data and pool files, a good pool, bad model folders."""
     folder = tmp_path_factory.mktemp("files")
     good = [{"problem": f"{a}+{b}", "answer": str(a + b)} for a in range(9) for b in range(9)]
 
@@ -46,8 +49,20 @@ def files(tmp_path_factory):
     jsonl("pool.jsonl", pool)
     del pool[40]["responses"]
     jsonl("pool_row_41_bare.jsonl", pool)
+    # p4 twice: once as in pool.jsonl, once another problem
+    jsonl("two_p4.jsonl", pool[:8] + [{"id": "p4", "problem": "7-1", "answer": "6"}])
     (folder / "a_file").write_text("not a folder\n")
     (folder / "no_model").mkdir()
+    tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+    for name, gone in (("no_tokenizer", tokenizer_files), ("no_template", tokenizer_files[2:]),
+                       ("no_weights", ("model.safetensors",)), ("cut_weights", ())):
+        shutil.copytree(tiny_model, folder / name)
+        for file in gone:
+            os.remove(folder / name / file)
+    weights = folder / "cut_weights" / "model.safetensors"
+    os.truncate(weights, os.path.getsize(weights) - 1)
+    # a step folder whose weights are gone: vLLM would load trainer_state.pt as weights
+    (folder / "no_weights" / "trainer_state.pt").write_bytes(b"state")
     return folder
 
 
@@ -98,7 +113,9 @@ bad_inputs = [
     ("bad JSON", ["--val_file", f"{F}/broken.jsonl"], None, "row 2: not valid JSON"),
     ("unknown format", ["--train_file", f"{F}/data.csv"], None, "data.csv: unknown format"),
     ("unknown built-in data", ["--train_file", "builtin:nope"], None, "unknown built-in data"),
-    ("--n 0", ["--n", "0"], None, "--n 0: must be at least 1"),
+    ("--n 0", ["--n", "0"], None, "--n 0: must be at least 2"),
+    # GRPO's Â of a group of one is 0: nothing would be learned
+    ("--n 1", ["--n", "1"], None, "--n 1: must be at least 2"),
     ("--prompts_per_step 0", ["--prompts_per_step", "0"], None,
      "--prompts_per_step 0: must be at least 1"),
     ("--save_every 0", ["--save_every", "0"], None, "--save_every 0: must be at least 1"),
@@ -137,7 +154,30 @@ bad_inputs = [
      "not a model folder (no config.json)"),
     ("--model_path unknown built-in", ["--model_path", "builtin:nope"], None,
      "unknown built-in model"),
+    ("--model_path without a tokenizer", ["--model_path", f"{F}/no_tokenizer"], None,
+     "no_tokenizer: no tokenizer (tokenizer.json"),
+    ("--model_path without a chat template", ["--model_path", f"{F}/no_template"], None,
+     "no_template: the tokenizer has no chat template"),
+    ("--model_path without weights", ["--model_path", f"{F}/no_weights"], None,
+     "no_weights: no weights (model.safetensors or pytorch_model.bin)"),
+    ("--model_path with weights cut short", ["--model_path", f"{F}/cut_weights"], None,
+     "cut_weights/model.safetensors: cut short"),
+    # the tiny model's context: 512 tokens
+    ("prompt + response over the context", ["--max_prompt_len", "400", "--max_response_len",
+                                            "200"], None,
+     "--max_prompt_len 400 + --max_response_len 200 = 600 tokens: over the model's context, "
+     "512 (max_position_embeddings in"),
+    ("--dtype banana", ["--dtype", "banana"], None,
+     "rlep.py: argument --dtype: invalid choice: 'banana'"),
+    ("--dtype float16", ["--dtype", "float16"], None, "argument --dtype: invalid choice"),
     ("--out_dir a file", [], "file", ": a file, not a folder"),
+    ("--out_dir inside a file", ["--out_dir", f"{F}/a_file/run"], None,
+     "a_file is a file, not a folder"),
+    # not writable, even by root (a read-only mount is another case of it)
+    ("--out_dir not writable", ["--out_dir", "/proc/rlep-run"], None,
+     "--out_dir /proc/rlep-run: cannot write in /proc"),
+    ("two rows, one id", ["--train_file", f"{F}/two_p4.jsonl"], None,
+     "two_p4.jsonl: rows 5 and 9: both have id 'p4', with other problems"),
     ("pool row without responses", ["--phase", "2", "--pool", f"{F}/pool_row_41_bare.jsonl"],
      None, "pool_row_41_bare.jsonl: row 41: no 'responses'"),
     ("--phase 2 without a pool", ["--phase", "2"], None, "--phase 2 needs --pool FILE"),
@@ -147,6 +187,10 @@ bad_inputs = [
     ("--resume --n changed", ["--resume", "--n", "4"], "run", "--n 8 (now 4)"),
     ("--resume --dtype changed", ["--resume", "--dtype", "bfloat16"], "run",
      "--dtype 'float32' (now 'bfloat16')"),
+    ("--resume, config.json without lr", ["--resume"], "run without lr",
+     "config.json lacks --lr: restore them"),
+    ("--resume, config.json not JSON", ["--resume"], "run, config.json cut",
+     "config.json: not valid JSON (Unterminated string"),
 ]
 
 
@@ -154,8 +198,14 @@ def prepare(tmp_path, files, cache_dir, flags, state):
     out = tmp_path / "run"
     if state == "file":
         out.write_text("a file\n")
-    elif state == "run":
+    elif state and state.startswith("run"):
         hold_a_run(out, cache_dir)
+        saved = json.loads((out / "config.json").read_text())
+        if state == "run without lr":
+            del saved["lr"]
+            (out / "config.json").write_text(json.dumps(saved))
+        elif state == "run, config.json cut":
+            (out / "config.json").write_text(json.dumps(saved)[:100])
     flags = [f.replace(F, str(files)) for f in flags]
     return out, ["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir), *flags]
 
@@ -163,13 +213,18 @@ def prepare(tmp_path, files, cache_dir, flags, state):
 @pytest.mark.parametrize("flags, state, message", [case[1:] for case in bad_inputs],
                          ids=[case[0] for case in bad_inputs])
 def test_bad_input_is_refused_before_anything_is_written(tmp_path, files, cache_dir,
-                                                         monkeypatch, flags, state, message):
+                                                         monkeypatch, capsys, flags, state,
+                                                         message):
     out, command = prepare(tmp_path, files, cache_dir, flags, state)
     before = digest(out)
     monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
-    with pytest.raises(data.UserError) as error:
+    # a flag's value out of its choices is argparse's: one line on stderr, exit 2
+    with pytest.raises((data.UserError, SystemExit)) as error:
         rlep.main(command)
     line = str(error.value)
+    if error.type is SystemExit:
+        assert error.value.code == 2
+        line = capsys.readouterr().err.strip()
     assert message in line and "\n" not in line
     assert digest(out) == before
 
@@ -276,10 +331,15 @@ def test_fields_free_on_resume_are_config_fields_and_auto_takes_the_runs_dtype()
     assert cfg.dtype == "float32"
     cfg.dtype = "auto"
     assert checks.resume_changes(cfg, saved, at={}) == []
-    # a field the saved config lacks (an older run's) is not compared
-    del saved["seed"]
+    # a field the saved config lacks (deleted, or an older run's) is refused, the command's
+    # value taken and recorded with --override; one free on resume is not compared
+    del saved["seed"], saved["progress"]
     cfg.seed = 7
-    assert checks.resume_changes(cfg, saved, at={}) == []
+    with pytest.raises(data.UserError, match=r"config.json lacks --seed: restore them"):
+        checks.resume_changes(cfg, saved, at={})
+    cfg.override = True
+    assert checks.resume_changes(cfg, saved, at={"phase1_step": 2}) == [
+        {"field": "seed", "from": None, "to": 7, "phase1_step": 2}]
 
 
 def test_a_dapo_pool_without_candidates_on_some_rows_says_how_many(tmp_path, capsys):
@@ -293,23 +353,188 @@ def test_a_dapo_pool_without_candidates_on_some_rows_says_how_many(tmp_path, cap
         capsys.readouterr().out
 
 
-def test_ctrl_c_prints_one_line_with_what_is_saved_and_the_resume_command(tmp_path,
-                                                                          cache_dir):
-    out = tmp_path / "run"
+def test_ctrl_c_in_a_save_lets_it_finish_then_stops_at_once_in_one_line(tmp_path, cache_dir):
+    """Ctrl-C as a terminal sends it (SIGINT to the process group, the verify workers too),
+    landing in step 2's save, made 3 s long (a sitecustomize slows the save's final rename):
+    the save completes, no .tmp folder is left, the one line names step 2, saved, and the
+    process ends after its exit handlers without Python's teardown (10 s and more of freeing
+    torch's and vLLM's objects). A stop that broke into the save would leave step_000002.tmp
+    and name no checkpoint."""
+    site = tmp_path / "site"
+    site.mkdir()
+    # each process marks its exit handlers' run and its teardown (a module global freed then)
+    (site / "sitecustomize.py").write_text(
+        "import atexit, os, re, time\n"
+        "mark = os.environ['SAVING_MARK']\n"
+        "class Touch:\n"
+        "    def __init__(self, name):\n"
+        "        self.path = f'{mark}.{os.getpid()}.{name}'\n"
+        "    def __call__(self):\n"
+        "        open(self.path, 'w').close()\n"
+        "    __del__ = __call__\n"
+        "teardown = Touch('teardown')\n"
+        "atexit.register(Touch('atexit'))\n"
+        "replace = os.replace\n"
+        "def slow_replace(src, dst):\n"
+        "    if str(src).endswith('.tmp') and re.search(r'step_\\d+$', str(dst)):\n"
+        "        open(mark, 'w').close()\n"
+        "        time.sleep(3)\n"
+        "    replace(src, dst)\n"
+        "os.replace = slow_replace\n")
+    out, mark = tmp_path / "run", tmp_path / "saving"
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "SAVING_MARK": str(mark)}
     command = [sys.executable, os.path.join(repo, "rlep.py"), "--preset", "tiny", "--out_dir",
                str(out), "--cache_dir", str(cache_dir), "--phase", "1", "--val_every", "0"]
-    # as a terminal's Ctrl-C finds it: a shell's background job inherits SIGINT ignored
+    # a foreground job: a process group of its own, SIGINT at its default
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
-                                                                           signal.SIG_DFL))
-    saved = out / "phase1" / "step_000002" / "trainer_state.pt"
+                               text=True, env=env, process_group=0,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 300
-    while not saved.exists() and process.poll() is None and time.time() < deadline:
+    while not mark.exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
+    os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     lines = stderr.strip().splitlines()
     assert process.returncode == 130 and len(lines) == 1, stderr[-3000:]
-    assert lines[0].startswith("rlep.py: stopped (Ctrl-C) in phase1 step ")
-    assert f"saved in {out}: phase1 step 2" in lines[0]
+    assert lines[0].startswith(f"rlep.py: stopped (Ctrl-C) in phase1 step 2 of 4; saved in "
+                               f"{out}: phase1 step 2; continue with: ")
     assert lines[0].endswith("--phase 1 --val_every 0 --resume")
+    assert sorted(os.listdir(out / "phase1")) == ["metrics.jsonl", "samples.jsonl",
+                                                  "step_000002"]
+    assert os.path.exists(f"{mark}.{process.pid}.atexit")
+    assert not os.path.exists(f"{mark}.{process.pid}.teardown")
+
+
+def test_a_stop_names_the_part_it_stopped_in(tmp_path, monkeypatch):
+    """Between the collection and phase two's first step (the policy loaded, the base model
+    validated) a stop is in phase two's start, not "in the collection"."""
+    cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(tmp_path)])
+    rows = data.read_rows(cfg.train_file)
+    rlep.stage[0] = "the collection"
+
+    def stopped(*args):
+        raise KeyboardInterrupt("Ctrl-C")
+    monkeypatch.setattr(rlep, "build_policy", stopped)
+    cpu = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
+    with pytest.raises(KeyboardInterrupt):
+        rlep.train(cfg, "phase2", rows, None, None, 0, "base", cpu, [], replay=True)
+    assert rlep.stage[0] == "phase2, before step 1"
+
+
+def test_a_bom_is_read_and_one_id_names_one_problem(tmp_path):
+    rows = [{"id": f"p{i}", "problem": f"{i}+1", "answer": str(i + 1)} for i in range(3)]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "plain.jsonl").write_text(text)
+    # as an editor saving "UTF-8 with BOM" writes it
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert data.read_rows(str(tmp_path / "bom.jsonl")) == rows
+    assert data.read_rows(str(tmp_path / "plain.jsonl")) == rows
+    # a problem's rows under its id (DAPO's file repeats each one): the first, as before
+    (tmp_path / "twice.jsonl").write_text(text + json.dumps({**rows[1], "answer": "9"}) + "\n")
+    assert data.read_rows(str(tmp_path / "twice.jsonl")) == rows
+    # one id, another problem: refused with both rows
+    (tmp_path / "other.jsonl").write_text(text + json.dumps({**rows[1], "problem": "9+9"}) + "\n")
+    with pytest.raises(data.UserError, match=r"other.jsonl: rows 2 and 4: both have id 'p1', "
+                                             r"with other problems"):
+        data.read_rows(str(tmp_path / "other.jsonl"))
+
+
+def test_a_pool_the_training_prompts_miss_and_cut_prompts_are_warned_about_once(
+        tmp_path, files, cache_dir, tiny_model, capsys):
+    """--phase2_prompts all visits the training prompts: a pooled prompt that is not one of
+    them is never replayed (here none is: the baseline again). One warning line each."""
+    train = data.read_rows(str(files / "pool.jsonl"))
+    renamed = [{**row, "id": f"other-{row['id']}"} for row in train[:10]]
+    pool_path = tmp_path / "pool.jsonl"
+    pool_path.write_text("".join(json.dumps(r) + "\n" for r in renamed + train[10:15]))
+    flags = ["--preset", "tiny", "--out_dir", str(tmp_path / "run"), "--cache_dir",
+             str(cache_dir), "--phase", "2", "--pool", str(pool_path), "--train_file",
+             str(files / "pool.jsonl")]
+    kept = {}
+    checks.check_start(rlep.parse_config(flags + ["--phase2_prompts", "all"]), tiny_model, 1,
+                       kept, rlep.prompt_text)
+    warnings = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
+    assert warnings == [
+        f"rlep.py: warning: --pool {pool_path}: 10 of its 15 prompts are not in --train_file "
+        f"{files / 'pool.jsonl'} (matched by id): with --phase2_prompts all their answers are "
+        "never replayed"]
+    # phase two on the pool's own prompts: nothing to say
+    checks.check_start(rlep.parse_config(flags), tiny_model, 1, kept, rlep.prompt_text)
+    assert "warning" not in capsys.readouterr().err
+
+    # prompts longer than --max_prompt_len: counted by tokenizing each in full
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rows = [{"id": str(i), "problem": "1+" * i + "1", "answer": str(i + 1)} for i in range(40)]
+    lengths = [len(rlep.render_prompt(tokenizer, row, "{problem}", 10**6)) for row in rows]
+    cfg = rlep.parse_config(["--preset", "tiny", "--max_prompt_len", "40"])
+    expected = sum(length > 40 for length in lengths)
+    assert 0 < expected < len(rows)
+    checks.warn_cut_prompts((rows, rows[:3], None), tokenizer, cfg, rlep.prompt_text)
+    assert capsys.readouterr().err.splitlines() == [
+        f"rlep.py: warning: --max_prompt_len 40: {expected} of 40 training prompts are longer, "
+        "cut from the left (their start is lost)"]
+
+
+def rank_pids(out):
+    """{RANK: pid} of the live processes running rlep.py on `out` under torchrun."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        ranks = [v[5:].decode() for v in environ if v.startswith(b"RANK=")]
+        if str(out).encode() in command and ranks:
+            found[int(ranks[0])] = int(pid)
+    return found
+
+
+def ended(pid):
+    try:
+        return "\nState:\tZ" in open(f"/proc/{pid}/status").read()
+    except FileNotFoundError:
+        return True
+
+
+def test_a_second_writer_is_refused_while_orphaned_torchrun_ranks_hold_the_run(
+        tmp_path, cache_dir, monkeypatch):
+    """torchrun starts each rank in a session of its own: a SIGKILL of the launcher's process
+    group (a scheduler's kill, a closed terminal) leaves the ranks running, writing the run.
+    A --resume meanwhile is refused, naming rank 0's pid; nothing of it runs."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", os.path.join(repo, "rlep.py"), "--preset", "tiny",
+               "--out_dir", str(out), "--cache_dir", str(cache_dir), "--phase", "1",
+               "--phase1_steps", "50", "--val_every", "0"]
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    metrics = out / "phase1" / "metrics.jsonl"
+    ranks = {}
+    try:
+        # a launcher killed mid-run: a step done
+        deadline = time.time() + 300
+        while '"step": 1' not in (metrics.read_text() if metrics.exists() else ""):
+            assert launcher.poll() is None and time.time() < deadline, "no step 1"
+            time.sleep(0.2)
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait()
+        ranks = rank_pids(out)
+        assert sorted(ranks) == [0, 1], "the ranks did not outlive their launcher"
+        monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("a second writer"))
+        with pytest.raises(data.UserError) as error:
+            rlep.main(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
+                       str(cache_dir), "--phase", "1", "--phase1_steps", "50", "--val_every",
+                       "0", "--resume"])
+        assert f"--out_dir {out}: in use by pid {ranks[0]} on " in str(error.value)
+        os.kill(ranks[0], 0)  # alive: the holder, still writing
+    finally:
+        ranks.update(rank_pids(out))
+        for pid in ranks.values():
+            os.kill(pid, signal.SIGKILL)
+    # the kernel let go of the lock with its holder (dead, or a zombie: its files are closed)
+    deadline = time.time() + 60
+    while not all(ended(pid) for pid in ranks.values()) and time.time() < deadline:
+        time.sleep(0.1)
+    checks.hold_run_folder(str(out))

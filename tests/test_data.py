@@ -144,6 +144,7 @@ def test_every_flag_has_its_fields_help_and_its_choices_are_enforced(capsys):
     assert choices == {"phase1_prompts": ["all", "pool"], "phase2_prompts": ["pool", "all"],
                        "replay_loss": ["group", "nll"], "verify_mode": ["dapo", "equivalence"],
                        "phase": ["all", "1", "collect", "2"],
+                       "dtype": ["auto", "float32", "bfloat16"],
                        "preset": ["paper", "node", "tiny", "cpu", "cpu-hard"]}
     assert set(choices["preset"]) == set(rlep.presets)
     for name, values in choices.items():

@@ -219,18 +219,95 @@ def test_several_checkpoints_give_one_folder_each_and_a_curve(clean_run, tiny_mo
     assert os.path.isfile(out / "curve.png") or "matplotlib is not installed" in printed
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"problem": "1+1", "answer": "2"}\n{"problem": "2+2"}\n',
-     r"bad.jsonl: row 2: missing 'answer'"),
-    ('{"problem": "1+1", "answer": "2"}\n{"problem": \n', r"bad.jsonl: row 2: not valid JSON"),
-])
-def test_bad_rows_stop_with_file_row_and_reason(tmp_path, tiny_model, content, message):
-    (tmp_path / "bad.jsonl").write_text(content)
-    with pytest.raises(SystemExit, match=message):
-        eval.main(["--model", tiny_model, "--data", str(tmp_path / "bad.jsonl"),
-                   "--out_dir", str(tmp_path)])
-    with pytest.raises(SystemExit, match="nope.jsonl: no such data file"):
-        eval.main(["--model", tiny_model, "--data", str(tmp_path / "nope.jsonl")])
+@pytest.fixture(scope="module")
+def bad(tiny_model, tmp_path_factory):
+    """Bad data files and model folders."""
+    folder = tmp_path_factory.mktemp("bad")
+    (folder / "no_answer.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n'
+                                            '{"problem": "2+2"}\n')
+    (folder / "broken.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n{"problem": \n')
+    # a checkpoint whose weights are gone: vLLM would load trainer_state.pt as weights
+    step = folder / "run" / "phase1" / "step_000002"
+    shutil.copytree(tiny_model, step)
+    os.remove(step / "model.safetensors")
+    (step / "trainer_state.pt").write_bytes(b"state")
+    shutil.copytree(tiny_model, folder / "cut")
+    os.truncate(folder / "cut" / "model.safetensors", 1000)
+    shutil.copytree(tiny_model, folder / "no_template")
+    os.remove(folder / "no_template" / "chat_template.jinja")
+    (folder / "empty_run").mkdir()
+    return folder
+
+
+B = "{bad}"
+# (id, flags after --data B/.. --model tiny (a later --model, --data adds one), what the line says)
+bad_inputs = [
+    ("--model missing", ["--model", "/nope/phase1/step_000002"],
+     "--model /nope/phase1/step_000002: no such folder"),
+    ("a checkpoint without weights", ["--run_dir", f"{B}/run"],
+     "--run_dir {bad}/run/phase1/step_000002: no weights (model.safetensors"),
+    ("--model with weights cut short", ["--model", f"{B}/cut"],
+     "cut/model.safetensors: cut short, 1,000 bytes where its header needs"),
+    ("--model without a chat template", ["--model", f"{B}/no_template"],
+     "no_template: the tokenizer has no chat template"),
+    ("--run_dir without checkpoints", ["--run_dir", f"{B}/empty_run"],
+     "empty_run: no checkpoints"),
+    ("--k 0", ["--k", "0"], "--k 0: must be at least 1"),
+    ("--temperature 0", ["--temperature", "0"], "--temperature 0.0: must be above 0"),
+    ("--top_p 1.5", ["--top_p", "1.5"], "--top_p 1.5: must be at most 1"),
+    ("--max_new_tokens 0", ["--max_new_tokens", "0"], "--max_new_tokens 0: must be at least 1"),
+    ("--chunk_problems 0", ["--chunk_problems", "0"], "--chunk_problems 0: must be at least 1"),
+    ("--dtype banana", ["--dtype", "banana"], "eval.py: argument --dtype: invalid choice"),
+    ("--stop_token unknown", ["--stop_token", "zzz"], "--stop_token 'zzz': not a single token"),
+    ("missing data file", ["--data", f"{B}/nope.jsonl"], "nope.jsonl: no such data file"),
+    ("row without answer", ["--data", f"{B}/no_answer.jsonl"],
+     "no_answer.jsonl: row 2: missing 'answer'"),
+    ("bad JSON", ["--data", f"{B}/broken.jsonl"], "broken.jsonl: row 2: not valid JSON"),
+    ("--out_dir not writable", ["--out_dir", "/proc/eval-out"],
+     "--out_dir /proc/eval-out: cannot write in /proc"),
+]
+
+
+@pytest.mark.parametrize("flags, message", [case[1:] for case in bad_inputs],
+                         ids=[case[0] for case in bad_inputs])
+def test_bad_input_is_refused_in_one_line_before_anything_is_written(
+        tmp_path, tiny_model, data_files, bad, monkeypatch, capsys, flags, message):
+    out = tmp_path / "eval"
+    flags = [f.replace(B, str(bad)) for f in flags]
+    models = [] if "--run_dir" in flags or "--model" in flags else ["--model", tiny_model]
+    monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
+    # a flag's value out of its choices is argparse's: one line on stderr, exit 2
+    with pytest.raises((data.UserError, SystemExit)) as error:
+        eval.main([*models, "--data", data_files[0], *sampling, "--out_dir", str(out), *flags])
+    line = str(error.value)
+    if error.type is SystemExit:
+        assert error.value.code == 2
+        line = capsys.readouterr().err.strip()
+    assert message.replace(B, str(bad)) in line and "\n" not in line
+    assert not out.exists()
+
+
+def test_python_eval_py_prints_one_line_and_exits_2(tmp_path, tiny_model, data_files):
+    out = tmp_path / "eval"
+    command = [sys.executable, "eval.py", "--model", tiny_model, "--data", data_files[0],
+               *sampling, "--k", "0", "--out_dir", str(out)]
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "eval.py: --k 0: must be at least 1"], done.stderr[-3000:]
+    assert not out.exists()
+
+
+def test_samples_of_other_settings_are_refused_before_sampling(clean_run, tiny_model,
+                                                                data_files, tmp_path, monkeypatch):
+    out = tmp_path / "eval"
+    shutil.copytree(clean_run[0], out)
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
+    with pytest.raises(data.UserError, match=r"eval/: samples made with other settings \(k\); "
+                                             "use another --out_dir"):
+        eval.main(["--model", tiny_model, *data_args(data_files), *sampling, "--k", "2",
+                   "--out_dir", str(out)])
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_other_settings_refuse_to_resume_and_new_tokens_fit_the_context(clean_run, tiny_model,
@@ -262,10 +339,6 @@ def test_other_settings_refuse_to_resume_and_new_tokens_fit_the_context(clean_ru
     args = parse()
     with pytest.raises(ValueError, match=r"other settings \(rules\)"):
         evaluate(args)
-    # before any engine starts
-    with pytest.raises(SystemExit, match="--stop_token 'zzz': not a single token"):
-        eval.main(["--model", tiny_model, *data_args(data_files), "--stop_token", "zzz",
-                   "--out_dir", str(tmp_path)])
     # the tiny model's context: 512
     for prompt_len, expected in ((64, (64, 512 - 64)), (1024, (256, 256))):
         args = eval.parse_args(["--model", tiny_model, "--data", "x.jsonl",
@@ -362,5 +435,5 @@ def test_compare_prints_rlep_comparison_table_and_draws_a_panel_per_metric(tmp_p
         ("seed3 baseline", steps(3), [0.10, 0.50, 0.40], "--", 2)]
     assert [line[0] for line in panels["val_acc/amc23"]] == ["seed1 baseline", "seed1 RLEP"]
     assert panels["val_acc/aime24"][1][2] == [0.0, 0.20, 0.10, 0.30, 0.25]
-    with pytest.raises(SystemExit, match="empty: no val_acc"):
+    with pytest.raises(data.UserError, match="empty: no val_acc"):
         eval.main(["--compare", str(tmp_path / "empty"), "--out_dir", str(tmp_path / "out")])
