@@ -18,7 +18,8 @@ skips finished problems.
     python eval.py --model runs/paper/phase2/step_000320 \
         --data aime-2024.parquet --data aime-2025.parquet
     torchrun --standalone --nproc_per_node=8 eval.py --run_dir runs/paper --data aime-2024.parquet
-    python eval.py --compare runs/seed1 runs/seed2  # data.comparison_table and compare.png
+    python eval.py --model Kwai-Klear/qwen2.5-math-rlep --data hf://datasets/ORG/NAME/FILE
+    python eval.py --compare runs/seed1 runs/seed2  # report.comparison_table and compare.png
 """
 import rlep  # first: it sets vLLM's environment before torch is imported
 
@@ -36,9 +37,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
-import builtin
-import checks
-import data
+from machinery import checks, data, disk, errors, files, models, precision, ranks, report
 import verify
 
 # verify.verify's modes, and their names in tables
@@ -93,11 +92,11 @@ def format_table(results: dict) -> str:
 # --------------------------------------------------------------------------------------------------
 # Sampling, chunk by chunk, appended to samples.jsonl so that a stopped evaluation resumes
 
-def load_benchmarks(paths: list[str]) -> dict[str, list[dict]]:
+def load_benchmarks(paths: list[str], cache_dir: str = ".cache/rlep") -> dict[str, list[dict]]:
     """{file name without extension: de-duplicated rows}, read before any engine starts."""
     benchmarks = {}
     for path in paths:
-        rows = data.read_rows(path)
+        rows = data.read_rows(path, cache_dir=cache_dir)
         stem = os.path.basename(path).split(".")[0]
         sources = list(dict.fromkeys(row.get("data_source") for row in rows))
         # a file of several data sources (RLEP's AIME-24 + AIME-25 + AMC-23) is split
@@ -110,7 +109,7 @@ def load_benchmarks(paths: list[str]) -> dict[str, list[dict]]:
     return benchmarks
 
 
-def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
+def make_config(args, model_dir: str, d: ranks.Dist) -> rlep.Config:
     """The engine and sampling settings, with new tokens clamped so prompt + response fit the
     model's context (Qwen2.5-Math-7B: 1024 + 3072 = 4096, the paper's). A context shorter than twice
     the prompt budget is halved."""
@@ -118,7 +117,7 @@ def make_config(args, model_dir: str, d: rlep.Dist) -> rlep.Config:
     prompt_len = min(args.max_prompt_len, context // 2)
     new_tokens = min(args.max_new_tokens, context - prompt_len)
     # bf16 where it is faster (measured on a CPU); the ranks take rank 0's choice
-    dtype = rlep.rank0_decides(lambda: builtin.resolve_dtype(args.dtype, d.device, model_dir), d)
+    dtype = ranks.rank0_decides(lambda: precision.resolve_dtype(args.dtype, d.device, model_dir), d)
     # equivalence, the costly rule, grades in sample_and_grade rank by rank; grade_both adds dapo
     return rlep.Config(
         model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
@@ -141,11 +140,15 @@ def renamed(record: dict) -> dict:
     return record
 
 
-def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str, engine=None):
+def evaluate(model_dir: str, benchmarks: dict, args, d: ranks.Dist, out_dir: str, engine=None,
+             name: str = None):
     """Sample args.k responses per unfinished problem into samples.jsonl, write results.json.
-    Returns the results and the engine (built once, then reused with each model's weights)."""
+    Returns the results and the engine (built once, then reused with each model's weights).
+    name: the model as given (a hub name's folder is in the cache)."""
     cfg = make_config(args, model_dir, d)
-    settings = {"model": os.path.abspath(model_dir), "k": args.k, "temperature": cfg.temperature,
+    name = name or model_dir
+    model = os.path.abspath(name) if os.path.exists(name) else name
+    settings = {"model": model, "k": args.k, "temperature": cfg.temperature,
                 "top_p": cfg.top_p, "max_new_tokens": cfg.max_response_len,
                 "max_prompt_len": cfg.max_prompt_len, "seed": cfg.seed,
                 "prompt_template": cfg.prompt_template, "stop_token": cfg.stop_token,
@@ -157,7 +160,7 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
     old["rules"] = ["equivalence" if r == "default" else r for r in old.get("rules", [])]
     changed = sorted(key for key in settings if old.get(key) != settings[key])
     if changed:
-        raise data.UserError(f"{out_dir}: samples made with other settings "
+        raise errors.UserError(f"{out_dir}: samples made with other settings "
                              f"({', '.join(changed)}); use another --out_dir")
 
     # read_jsonl drops a killed run's torn last line; rank 0 rewrites the file without it
@@ -165,12 +168,12 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
     # rank 0 keeps the records; the others need only which problems are finished
     done = {}
     if d.master_process:
-        done = {(r["benchmark"], r["id"]): renamed(r) for r in data.read_jsonl(samples_path)}
-    finished = rlep.rank0_decides(lambda: set(done), d)
+        done = {(r["benchmark"], r["id"]): renamed(r) for r in files.read_jsonl(samples_path)}
+    finished = ranks.rank0_decides(lambda: set(done), d)
     if d.master_process:
         os.makedirs(out_dir, exist_ok=True)
-        data.write_atomic(settings_path, json.dumps(settings, indent=2))
-        data.write_atomic(samples_path, "".join(json.dumps(r) + "\n" for r in done.values()))
+        files.write_atomic(settings_path, json.dumps(settings, indent=2))
+        files.write_atomic(samples_path, "".join(json.dumps(r) + "\n" for r in done.values()))
     todo = {name: [row for row in rows if (name, row["id"]) not in finished]
             for name, rows in benchmarks.items()}
     if any(todo.values()):
@@ -192,13 +195,13 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: rlep.Dist, out_dir: str,
                                             (cfg.seed, "eval"))
             records = [{"benchmark": name, **grade_both(r)} for r in records]
             if d.master_process:
-                data.append_jsonl(samples_path, records)  # a kill now loses nothing sampled
+                files.append_jsonl(samples_path, records)  # a kill now loses nothing sampled
             done.update(((name, r["id"]), r) for r in records)
     if not d.master_process:  # rank 0 alone has the records
         return {}, engine
     results = {name: summarize([done[(name, row["id"])] for row in rows])
                for name, rows in benchmarks.items()}
-    data.write_atomic(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
+    files.write_atomic(os.path.join(out_dir, "results.json"), json.dumps(results, indent=2))
     return results, engine
 
 
@@ -250,15 +253,15 @@ def write_curve(out_dir: str, results_by_model: dict, k: int) -> str:
             values = [r[b][rule][metric] for ph, _, _, r in points if ph == phase]
             style = "--" if rule == "dapo" else "-"
             panels[b].append((f"{phase} {rules[rule]}", steps, values, style, i))
-    return data.save_plot(os.path.join(out_dir, "curve.png"), panels, f"{metric} (%)")
+    return report.save_plot(os.path.join(out_dir, "curve.png"), panels, f"{metric} (%)")
 
 
 def compare(run_dirs: list[str], out_png: str) -> str:
     """rlep.py's baseline-vs-RLEP table of finished runs and their validation curves (the
-    figure a run draws at its end, data.plot_comparison), for several runs at once."""
-    table = data.comparison_table(run_dirs)  # before any folder is made
+    figure a run draws at its end, report.plot_comparison), for several runs at once."""
+    table = report.comparison_table(run_dirs)  # before any folder is made
     os.makedirs(os.path.dirname(out_png), exist_ok=True)
-    return f"{table}\n\n{data.plot_comparison(run_dirs, out_png)}\n"
+    return f"{table}\n\n{report.plot_comparison(run_dirs, out_png)}\n"
 
 
 # each number's range, as checks.number_ranges: vLLM's sampling bounds; a sample, a token, a chunk
@@ -272,7 +275,7 @@ def parse_args(argv=None):
         description="avg@k and pass@k of checkpoints on math benchmarks")
     parser.error = lambda message: parser.exit(2, f"eval.py: {message} (see --help)\n")
     parser.add_argument("--model", action="append", default=[],
-                        help="model or checkpoint folder (repeatable)")
+                        help="model or checkpoint folder, or a hub name (repeatable)")
     parser.add_argument("--run_dir", action="append", default=[],
                         help="an rlep.py run: all its checkpoints")
     parser.add_argument("--data", action="append", default=[],
@@ -280,6 +283,8 @@ def parse_args(argv=None):
     parser.add_argument("--compare", nargs="+", metavar="RUN_DIR",
                         help="only compare baseline and RLEP curves")
     parser.add_argument("--out_dir", default="runs/eval")
+    parser.add_argument("--cache_dir", default=".cache/rlep",
+                        help="where a hub data file in pieces is joined (rlep.py's)")
     parser.add_argument("--k", type=int, default=32, help="samples per problem")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top_p", type=float, default=1.0)
@@ -293,7 +298,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto: bfloat16 on a GPU; on a CPU the faster of float32 and "
-                             "bfloat16, measured (builtin.resolve_dtype)")
+                             "bfloat16, measured (precision.resolve_dtype)")
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.85,
                         help="vLLM's share of the GPU (no trainer beside it: rlep.py's 0.55)")
     parser.add_argument("--chunk_problems", type=int, default=64,
@@ -306,46 +311,47 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    # bad input raises data.UserError here, before anything is written or any engine starts
+    # bad input raises errors.UserError here, before anything is written or any engine starts
     try:
         if args.compare:  # finished runs only: no engine
             print(compare(args.compare, os.path.join(args.out_dir, "compare.png")))
             return
         checks.check_ranges(vars(args), number_ranges)
-        benchmarks = load_benchmarks(args.data)
-        models = args.model + [p for run_dir in args.run_dir for p in run_checkpoints(run_dir)]
-        # whole model folders, with a tokenizer the prompts can be rendered with; a hub name
-        # that is no folder here is left to transformers and vLLM, which fetch it
-        for model_dir in models:
-            flag = "--model" if model_dir in args.model else "--run_dir"
-            if os.path.exists(model_dir) or not re.fullmatch(r"[\w.-]+/[\w.-]+", model_dir):
-                checks.check_model(model_dir, flag)
-            checks.check_tokenizer(AutoTokenizer.from_pretrained(model_dir), model_dir, flag)
-        if len({repr(architecture(m)) for m in models}) > 1:  # one engine serves them all
+        benchmarks = load_benchmarks(args.data, args.cache_dir)
+        names = args.model + [p for run_dir in args.run_dir for p in run_checkpoints(run_dir)]
+        # a hub name (namespace/name, no folder here) is fetched once into huggingface_hub's
+        # cache and read there; tables and settings.json keep the name
+        folders = [models.resolve_model(name, args.cache_dir, build=False) for name in names]
+        # whole model folders, with a tokenizer the prompts can be rendered with
+        for name, folder in zip(names, folders):
+            flag = "--model" if name in args.model else "--run_dir"
+            checks.check_model(folder, flag)
+            checks.check_tokenizer(AutoTokenizer.from_pretrained(folder), name, flag)
+        if len({repr(architecture(m)) for m in folders}) > 1:  # one engine serves them all
             raise ValueError("the models differ in architecture: evaluate them in separate calls")
-        rlep.end_token_id(AutoTokenizer.from_pretrained(models[0]), args.stop_token)
+        rlep.end_token_id(AutoTokenizer.from_pretrained(folders[0]), args.stop_token)
         # several checkpoints: one subfolder each, named like the run's phase*/step_* folders
         subs = [""]
-        if len(models) > 1:
-            subs = [os.path.join(*os.path.normpath(m).split(os.sep)[-2:]) for m in models]
+        if len(names) > 1:
+            subs = [os.path.join(*os.path.normpath(m).split(os.sep)[-2:]) for m in names]
         if len(set(subs)) < len(subs):
             raise ValueError(f"two models would share an output folder: {subs}")
-        checks.check_writable(args.out_dir)
+        disk.check_writable(args.out_dir)
     except OSError as e:  # a hub name offline, a folder --compare cannot make
-        raise data.UserError(str(e).splitlines()[0]) from None
+        raise errors.UserError(str(e).splitlines()[0]) from None
     except ValueError as e:
-        raise data.UserError(str(e)) from None
-    d = rlep.setup_distributed()
+        raise errors.UserError(str(e)) from None
+    d = ranks.setup_distributed()
     engine = None
     try:
         results_by_model = {}
-        for model_dir, sub in zip(models, subs):
+        for name, folder, sub in zip(names, folders, subs):
             out_dir = os.path.join(args.out_dir, sub)
-            results, engine = evaluate(model_dir, benchmarks, args, d, out_dir, engine)
-            results_by_model[model_dir] = results
+            results, engine = evaluate(folder, benchmarks, args, d, out_dir, engine, name)
+            results_by_model[name] = results
             if d.master_process:
-                print(f"\n{model_dir} (k={args.k}, both rules)\n{format_table(results)}")
-        if len(models) > 1 and d.master_process:
+                print(f"\n{name} (k={args.k}, both rules)\n{format_table(results)}")
+        if len(names) > 1 and d.master_process:
             print(write_curve(args.out_dir, results_by_model, args.k))
     finally:
         # vLLM's teardown closes its process groups, torchrun's shared one included
@@ -358,6 +364,6 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except data.UserError as e:  # bad input: one line; any other error keeps its traceback
+    except errors.UserError as e:  # bad input: one line; any other error keeps its traceback
         print(f"eval.py: {e}", file=sys.stderr)
         sys.exit(2)

@@ -2,11 +2,11 @@
 RLEP, Reinforcement Learning with Experience Replay for LLM Reasoning (arXiv 2507.07451).
 
 Phase one trains a GRPO/DAPO baseline from the base model, then samples many answers per
-training prompt from one of its checkpoints and keeps the verified correct ones: the
-experience pool. Phase two restarts from the base model; every prompt's group holds n fresh
-rollouts plus m replayed successes from the pool, and the advantage is standardised over
-all n + m of them. Replays give a learning signal on prompts the current policy cannot
-solve yet. `# RLEP:` tags each line where the paper's method differs from DAPO (grep RLEP).
+training prompt from one of its checkpoints and keeps the verified correct ones: the experience
+pool. Phase two restarts from the base model; every prompt's group holds n fresh rollouts plus m
+replayed successes from the pool, and the advantage is standardised over all n + m of them.
+Replays give a learning signal on prompts the current policy cannot solve yet. `# RLEP:` tags
+each line where the paper's method differs from DAPO (grep RLEP).
 
 Run:
     python rlep.py                  # preset cpu: SmolLM2-135M on arithmetic, CPU only
@@ -20,24 +20,24 @@ temperature; N a mini-batch's response tokens on all ranks; W ranks; shapes: S s
 length, R a micro-batch's rows.
 
 Deviations from the paper (and its verl code):
-1. torchrun and FSDP2 (weights, gradients, AdamW state sharded) with one in-process vLLM
-   engine per rank, not Ray.
-2. The loss is the exact token mean over each mini-batch; verl's per-micro-batch mean
-   weighs long responses less.
-3. The collection code was never published: ours keeps prompts with >= `min_successes`
-   verified answers of K.
-4. The tiny and cpu presets grade with verify.py's equivalence checker; the paper preset
-   with the paper's rule.
-5. A prompt with fewer than m pooled answers replays all it has; verl pads with empty
-   responses scored -1.
-6. Training prompts are de-duplicated and shuffled per epoch; the paper's file repeats
-   each one ~100 times.
-7. Mini-batches are runs of the step's shuffled prompts, whole groups, their rows dealt
-   to the ranks by tokens; verl's are ranges of a token-balanced order.
+1. torchrun and FSDP2 (weights, gradients, AdamW state sharded) with one in-process vLLM engine
+   per rank, not Ray.
+2. The loss is the exact token mean over each mini-batch; verl's per-micro-batch mean weighs
+   long responses less.
+3. The collection code was never published: ours keeps prompts with >= `min_successes` verified
+   answers of K.
+4. The tiny and cpu presets grade with verify.py's equivalence checker; the node and paper
+   presets with the paper's rule.
+5. A prompt with fewer than m pooled answers replays all it has; verl pads with empty responses
+   scored -1.
+6. Training prompts are de-duplicated and shuffled per epoch; the paper's file repeats each one
+   ~100 times.
+7. Mini-batches are runs of the step's shuffled prompts, whole groups, their rows dealt to the
+   ranks by tokens; verl's are ranges of a token-balanced order.
 Controls the paper lacks, tagged `# control:`, off by default (docs/studies.md):
 `--phase1_prompts pool`, `--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`,
-`--dynamic_sampling` (DAPO's, as verl's filter_groups: at --max_gen_rounds, where verl
-stops the run, the step is filled with dropped groups).
+`--dynamic_sampling` (DAPO's, as verl's filter_groups: at --max_gen_rounds, where verl stops the
+run, the step is filled with dropped groups).
 """
 import os
 
@@ -69,18 +69,10 @@ from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 import verify
-from builtin import resolve_dtype, resolve_model
-from checks import (catch_stops, check_config, check_start, dataclass_flags, end_on_stop,
-                    hold_run_folder, saving, stop, stop_if_asked)
-from data import (UserError, append_jsonl, checkpoint_path, final_report, load_pool,
-                  load_trainer_state, log_step, logprob_gaps, protected_steps, resume_point,
-                  progress_row, read_collection, read_jsonl, remove_leftovers, save_checkpoint,
-                  save_plan, save_pool, start_wandb, save_config, step_counts, step_record,
-                  finish_wandb, track, write_atomic)
-from machinery import (Completion, Dist, Engine, Split, TokenLogProbs,
-                       first_flagged, gather_lists, gather_to_rank0, group_sizes, load_model,
-                       micro_batches, plan_mini_batches, rank0_decides, setup_distributed, shard,
-                       start_engine, step_rows)
+# the support beside the method, a module each (machinery/): a call names where it goes
+from machinery import (checkpoints, checks, cli, data, errors, files, fsdp, lock, models, planner,
+                       precision, ranks, report, step_metrics, stops, vllm_engine)
+
 
 # ---------------------------------------------------------------------------
 # Config: the defaults are the paper's run (docs/paper.md); the default preset: cpu
@@ -90,10 +82,11 @@ dapo_template = (
     "be of the form Answer: $Answer (without quotes) where $Answer is the answer to the "
     "problem.\n\n{problem}\n\nRemember to put your answer on its own line after \"Answer:\".")
 
-# The paper's data on the hub (hf://datasets/ORG/NAME/PATH, huggingface_hub's convention):
-# fetched once into its cache (data.local_file)
+# The paper's data on the hub (hf://datasets/ORG/NAME/PATH, huggingface_hub's convention): fetched
+# once into its cache (data.local_file)
 dapo_train = "hf://datasets/BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet"
 rlep_val = "hf://datasets/Kwai-Klear/RLEP_dataset/dapo_format_aime2024_aime2025_amc2023.parquet"
+
 
 @dataclass
 class Config:
@@ -174,15 +167,14 @@ class Config:
 presets = {
     "paper": {},
     # One node of 8 x 80 GB GPUs, phase one, the collection and phase two in about 5 hours
-    # (docs/gpu.md: the node preset, an estimate): Qwen2.5-Math-1.5B, whose context is the
-    # 7B's 4,096 tokens, on the paper's data and lengths. The paper's ratios at half its
-    # prompts a step: m : n = 1 : 8, 8 updates a step (9 with replays); K = 16 of 64.
+    # (docs/gpu.md: the node preset, an estimate): Qwen2.5-Math-1.5B, whose context is the 7B's
+    # 4,096 tokens, on the paper's data and lengths. The paper's ratios at half its prompts a step:
+    # m : n = 1 : 8, 8 updates a step (9 with replays); K = 16 of 64.
     "node": dict(
         model_path="Qwen/Qwen2.5-Math-1.5B", out_dir="runs/node", prompts_per_step=256, n=8,
         replay_m=1, mini_batch_prompts=32, micro_batch_tokens=32768, phase1_steps=150,
         collect_step=150, collect_k=16, phase2_steps=150, val_every=10, val_k=16),
-    # A tiny random Qwen2, given seconds of
-    # supervised warm-up, on 1-digit sums.
+    # A tiny random Qwen2, given seconds of supervised warm-up, on 1-digit sums.
     "tiny": dict(
         model_path="builtin:tiny", train_file="builtin:tiny:train",
         val_file="builtin:tiny:val", prompt_template="{problem}", out_dir="runs/tiny",
@@ -192,8 +184,7 @@ presets = {
         collect_step=4, collect_k=16, phase2_steps=4, val_every=2, val_k=4,
         verify_mode="equivalence", dtype="float32", save_every=2, log_samples=1,
         progress=False),
-    # SmolLM2-135M-Instruct (PyPI, GGUF)
-    # on arithmetic; two updates a step.
+    # SmolLM2-135M-Instruct (PyPI, GGUF) on arithmetic; two updates a step.
     "cpu": dict(
         model_path="builtin:smollm2", train_file="builtin:arith:train",
         val_file="builtin:arith:val", out_dir="runs/cpu", prompts_per_step=8, n=8,
@@ -203,11 +194,11 @@ presets = {
         val_every=3, val_k=4, verify_mode="equivalence", gradient_checkpointing=False,
         save_every=6, log_samples=2, progress=False),
 }
-# cpu-hard: the cpu preset where replays can rescue
-# (docs/studies.md), with the paper's K = 64
+# cpu-hard: the cpu preset where replays can rescue (docs/studies.md), with the paper's K = 64
 presets["cpu-hard"] = dict(
     presets["cpu"], train_file="builtin:arith-mix:train", val_file="builtin:arith-mix:val",
     out_dir="runs/cpu-hard", collect_k=64)
+
 
 def parse_config(argv=None) -> Config:
     """Config defaults <- preset <- command line; booleans also take `--no-flag`."""
@@ -216,9 +207,8 @@ def parse_config(argv=None) -> Config:
         "unless --preset (cpu when not given) sets it.", argument_default=argparse.SUPPRESS)
     # one line, not argparse's usage of every flag
     parser.error = lambda message: parser.exit(2, f"rlep.py: {message} (see --help)\n")
-    # one source: a field's comment is its
-    # --help (and "{a, b}: " its choices)
-    for name, flag in dataclass_flags(Config):
+    # one source: a field's comment is its --help (and "{a, b}: " its choices)
+    for name, flag in cli.dataclass_flags(Config):
         parser.add_argument(f"--{name}", **flag)
     args = vars(parser.parse_args(argv))
     if "preset" not in args and torch.cuda.is_available():
@@ -234,12 +224,13 @@ def parse_config(argv=None) -> Config:
         parser.error("--wandb_project: wandb is not installed (pip install wandb)")
     return cfg
 
+
 # ---------------------------------------------------------------------------
 # Seeds and clocks
 
 def seed_for(*keys) -> int:
-    """A stable 31-bit seed. Every random draw is a function of
-    (seed, step, ...): a resumed run draws the same."""
+    """A stable 31-bit seed. Every random draw is a function of (seed, step, ...): a resumed run
+    draws the same."""
     digest = hashlib.sha256(repr(keys).encode()).digest()
     return int.from_bytes(digest[:4], "little") >> 1
 
@@ -249,6 +240,7 @@ time_spent = collections.Counter()
 base_scores = {}
 # where the run is, for the line a stop prints
 stage = ["start-up"]
+
 
 @contextlib.contextmanager
 def clock(activity: str, step_times: dict = None):
@@ -261,9 +253,10 @@ def clock(activity: str, step_times: dict = None):
         key = f"t_{activity}"
         step_times[key] = step_times.get(key, 0.0) + seconds
 
+
 # ---------------------------------------------------------------------------
-# Data: rows {"id", "problem", "answer" [, "prompt" (chat), "responses" (a pool's)]}, read
-# and checked by data.py; here they become prompts, a step at a time
+# Data: rows {"id", "problem", "answer" [, "prompt" (chat), "responses" (a pool's)]}, read and
+# checked by machinery/data.py and checks.py; here they become prompts, a step at a time
 
 def prompt_text(tokenizer, row: dict, template: str) -> str:
     """The row's chat prompt, generation prompt included."""
@@ -271,49 +264,53 @@ def prompt_text(tokenizer, row: dict, template: str) -> str:
     messages = row.get("prompt") or [user]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
+
 def render_prompt(tokenizer, row: dict, template: str, max_len: int) -> list[int]:
     """The row's chat prompt as token ids, cut from the left to max_len tokens."""
     text = prompt_text(tokenizer, row, template)
     return tokenizer(text, add_special_tokens=False)["input_ids"][-max_len:]
 
+
 def end_token_id(tokenizer, stop_token: str) -> int:
-    """The token that ends a response, fresh or replayed: EOS (the authors
-    pass no stop tokens) or `stop_token`."""
+    """The token that ends a response, fresh or replayed: EOS (the authors pass no stop tokens)
+    or `stop_token`."""
     if not stop_token:
         return tokenizer.eos_token_id
     token_id = tokenizer.convert_tokens_to_ids(stop_token)
     if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
-        raise UserError(f"--stop_token {stop_token!r}: not a single token of "
-                        f"{tokenizer.name_or_path}")
+        raise errors.UserError(f"--stop_token {stop_token!r}: not a single token of "
+                               f"{tokenizer.name_or_path}")
     return token_id
 
+
 def step_prompts(num_rows: int, prompts_per_step: int, step: int, seed: int) -> list[int]:
-    """Row indices of a training step: each epoch visits every row once,
-    in its own random order."""
+    """Row indices of a training step: each epoch visits every row once, in its own random order."""
     steps_per_epoch = num_rows // prompts_per_step
     epoch = step // steps_per_epoch
     start = (step % steps_per_epoch) * prompts_per_step
     order = np.random.default_rng(seed_for(seed, "epoch", epoch)).permutation(num_rows)
     return order[start:start + prompts_per_step].tolist()
 
+
 # ---------------------------------------------------------------------------
 # Rollouts: one vLLM engine per rank, in this process, sharing the device with the trainer
 
-def build_engine(cfg: Config, model_path: str, d: Dist) -> Engine:
-    """The rank's vLLM engine (machinery.py), sized for the run's prompts and responses."""
-    return start_engine(model_path, d, cfg.dtype, cfg.seed,
-                        max_model_len=cfg.max_prompt_len + cfg.max_response_len,
-                        gpu_memory_utilization=cfg.gpu_memory_utilization)
+def build_engine(cfg: Config, model_path: str, d: ranks.Dist) -> vllm_engine.Engine:
+    """The rank's vLLM engine (machinery/vllm_engine.py), sized for the run's prompts and
+    responses."""
+    return vllm_engine.start(model_path, d, cfg.dtype, cfg.seed,
+                             max_model_len=cfg.max_prompt_len + cfg.max_response_len,
+                             gpu_memory_utilization=cfg.gpu_memory_utilization)
 
-# The long argument lists here and in make_groups are kept: each is a value
-# the caller holds by name; a context object would hide what a function reads.
-def sample_and_grade(engine: Engine, tokenizer, rows: list[dict], k: int, cfg: Config,
-                     stop_ids: list[int], d: Dist, seed_key: tuple, temperature: float = None,
+
+# The long argument lists here and in make_groups are kept: each is a value the caller holds by
+# name; a context object would hide what a function reads.
+def sample_and_grade(engine: vllm_engine.Engine, tokenizer, rows: list[dict], k: int, cfg: Config,
+                     stop_ids: list[int], d: ranks.Dist, seed_key: tuple, temperature: float = None,
                      top_p: float = None, progress: bool = False, keep=None) -> list[dict]:
-    """k graded responses per row, the rows sharded over ranks
-    (validation, eval.py, the collection). Rank 0, which
-    writes them, gets every record (or what keep(record)
-    keeps) in row order; the other ranks get []."""
+    """k graded responses per row, the rows sharded over ranks (validation, eval.py, the
+    collection). Rank 0, which writes them, gets every record (or what keep(record) keeps) in row
+    order; the other ranks get []."""
     my_rows = rows[d.rank::d.world_size]
     temperature = cfg.temperature if temperature is None else temperature
     top_p = cfg.top_p if top_p is None else top_p
@@ -333,11 +330,12 @@ def sample_and_grade(engine: Engine, tokenizer, rows: list[dict], k: int, cfg: C
                   "answers": [verify.extract_answer(t) for t in texts], "correct": correct}
         records.append(keep(record) if keep else record)
     order = {row["id"]: j for j, row in enumerate(rows)}
-    return sorted(gather_to_rank0(records, d), key=lambda r: order[r["id"]])
+    return sorted(ranks.gather_to_rank0(records, d), key=lambda r: order[r["id"]])
+
 
 # ---------------------------------------------------------------------------
-# Rewards, replay and advantages: DAPO's reward with its soft overlong punishment, RLEP's
-# replayed successes, GRPO's group standardisation. The pool's file: data.py.
+# Rewards, replay and advantages: DAPO's reward with its soft overlong punishment, RLEP's replayed
+# successes, GRPO's group standardisation. The pool's file: machinery/data.py.
 
 @dataclass
 class Sample:
@@ -351,20 +349,20 @@ class Sample:
     old_logprobs: torch.Tensor = None  # (L_i,) log π_θold, kept by the update
     row_id: str = ""  # the data row the prompt came from
 
+
 def overlong_penalty(length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
-    """0 up to max_len - buffer_len tokens, then linear down to -factor at
-    max_len (DAPO Eq. 13)."""
+    """0 up to max_len - buffer_len tokens, then linear down to -factor at max_len (DAPO Eq. 13)."""
     if buffer_len <= 0:
         return 0.0
     excess = max(0, length - (max_len - buffer_len))
     return -factor * min(1.0, excess / buffer_len)
 
+
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
-    """Â_i = (R_i - mean(R)) / (std(R) + eps) within each group of
-    `group_size` consecutive rewards, with the unbiased std (torch.std, as
-    verl). R = [1, -1, -1, -1] gives [1.5, -0.5, -0.5, -0.5]; an all-equal
-    group gives zeros (no signal). RLEP: 16 wrong fresh + 2 right replays
-    give -0.34 and +2.75."""
+    """Â_i = (R_i - mean(R)) / (std(R) + eps) within each group of `group_size` consecutive
+    rewards, with the unbiased std (torch.std, as verl). R = [1, -1, -1, -1] gives
+    [1.5, -0.5, -0.5, -0.5]; an all-equal group gives zeros (no signal). RLEP: 16 wrong fresh + 2
+    right replays give -0.34 and +2.75."""
     groups = rewards.view(-1, group_size)  # (groups, G)
     mean = groups.mean(dim=1, keepdim=True)  # (groups, 1)
     std = torch.zeros_like(mean)  # (groups, 1)
@@ -372,20 +370,21 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
         std = groups.std(dim=1, keepdim=True)
     return ((groups - mean) / (std + eps)).view(-1)  # (groups * G,)
 
+
 def draw_replays(responses: list[str], m: int, rng: np.random.Generator) -> list[str]:
-    """RLEP: m pooled successes, uniformly without replacement, drawn anew
-    each time the prompt comes up."""
+    """RLEP: m pooled successes, uniformly without replacement, drawn anew each time the prompt
+    comes up."""
     if len(responses) <= m:  # RLEP: fewer than m: the authors' code takes them all
         return list(responses)
     picks = rng.choice(len(responses), size=m, replace=False)  # RLEP: without replacement
     return [responses[i] for i in picks]
 
-def build_group(row: dict, prompt_ids: list[int], completions: list[Completion], tokenizer,
-                cfg: Config, end_id: int, replays: list[str] = ()) -> list[Sample]:
-    """A prompt's group: n fresh rollouts, then (phase two)
-    the replayed successes. Each gets R = ±1 (verify.py) +
-    the overlong penalty (its length counts the end token);
-    advantages are standardised over the whole group."""
+
+def build_group(row: dict, prompt_ids: list[int], completions: list[vllm_engine.Completion],
+                tokenizer, cfg: Config, end_id: int, replays: list[str] = ()) -> list[Sample]:
+    """A prompt's group: n fresh rollouts, then (phase two) the replayed successes. Each gets
+    R = ±1 (verify.py) + the overlong penalty (its length counts the end token); advantages are
+    standardised over the whole group."""
     candidates = [(ids, logprobs, False) for ids, logprobs in completions]
     for text in replays:
         # RLEP: re-tokenized, ended like fresh responses, cut to L_max
@@ -404,8 +403,7 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[Completion],
     # RLEP: Â standardised over the whole group, G = n + m
     scored = group  # RLEP
     if cfg.replay_loss == "nll":
-        # control: over the n fresh alone;
-        # the replays are imitated, their Â 0
+        # control: over the n fresh alone; the replays are imitated, their Â 0
         scored = group[:len(completions)]  # control
     rewards = torch.tensor([s.reward for s in scored])  # (n + m,)
     advantages = group_advantages(rewards, len(scored))  # (n + m,)
@@ -413,17 +411,19 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[Completion],
         sample.advantage = advantage
     return group
 
+
 # ---------------------------------------------------------------------------
 # The loss: DAPO's objective (clip-higher, dual clip, token mean), no KL term
 
 def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_high=0.28,
                 clip_c=10.0, num_tokens=None):
     """L(θ) = -1/N Σ_i Σ_t m_it · min(r_it Â_i, clip(r_it, 1 - ε_low, 1 + ε_high) Â_i),
-    r_it = π_θ(o_it) / π_θold(o_it), with the dual clip: where Â_i < 0 the per-token loss
-    is capped at -c·Â_i (huge ratios cannot blow it up). N is an argument (a micro-batch
-    sees only part of the mini-batch); default: mask.sum().
-    logprobs, old_logprobs, mask: (S, L); advantages: (S,).
-    Returns (loss, metrics); the metrics are 0-d tensors (no host sync)."""
+    r_it = π_θ(o_it) / π_θold(o_it),
+
+    with the dual clip: where Â_i < 0 the per-token loss is capped at -c·Â_i (huge ratios cannot
+    blow it up). N is an argument (a micro-batch sees only part of the mini-batch); default:
+    mask.sum(). logprobs, old_logprobs, mask: (S, L); advantages: (S,). Returns (loss, metrics);
+    the metrics are 0-d tensors (no host sync)."""
     mask = mask.to(logprobs.dtype)  # (S, L) m_it, 1 on response tokens (EOS included)
     if num_tokens is None:
         num_tokens = mask.sum()  # N
@@ -447,62 +447,61 @@ def policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_hig
                    "ratio_max": (ratio * mask).max()}
     return loss, metrics
 
+
 def imitation_loss(logprobs, replay_mask, num_tokens):
-    """The "nll" control (RAFT-style), a replay token weighed as one
-    with Â = 1: L = -1/N Σ_i Σ_t m_it log π_θ(o_it), m on replays.
-    logprobs, replay_mask: (S, L)."""
+    """The "nll" control (RAFT-style), a replay token weighed as one with Â = 1:
+    L = -1/N Σ_i Σ_t m_it log π_θ(o_it), m on replays. logprobs, replay_mask: (S, L)."""
     return -(logprobs * replay_mask).sum() / num_tokens  # scalar
+
 
 # ---------------------------------------------------------------------------
 # The update: plan the mini-batches, take π_θold once, an optimizer step per mini-batch
 
-def build_policy(path: str, cfg: Config, d: Dist):
-    """π_θ and its AdamW: float32 master weights (under torchrun
-    sharded by FSDP2 and read by rank 0 alone); log π_θ of each
-    response token from logits / T, as vLLM samples them
-    (machinery.py's load_model, TokenLogProbs, shard)."""
-    model = load_model(path, d, cfg.gradient_checkpointing)
-    policy = TokenLogProbs(model, cfg.temperature)
-    shard(policy, model, d, gather_bf16=cfg.dtype == "bfloat16")
+def build_policy(path: str, cfg: Config, d: ranks.Dist):
+    """π_θ and its AdamW: float32 master weights (under torchrun sharded by FSDP2 and read by
+    rank 0 alone); log π_θ of each response token from logits / T, as vLLM samples them."""
+    model = fsdp.load_model(path, d, cfg.gradient_checkpointing)
+    policy = fsdp.TokenLogProbs(model, cfg.temperature)
+    fsdp.shard(policy, model, d, gather_bf16=cfg.dtype == "bfloat16")
     # fused: one kernel for all parameters (CPU's default loops over them)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
                                   weight_decay=cfg.weight_decay, fused=True)
     return policy, optimizer
 
+
 def keep_old_logprobs(micro: dict, old_logprobs: torch.Tensor):
-    """A micro-batch's (S, L) log π_θold, the policy at the step's start:
-    the loss reads the micro-batch's; later epochs (collate) and the
-    step's metrics each sample's row."""
+    """A micro-batch's (S, L) log π_θold, the policy at the step's start: the loss reads the
+    micro-batch's; later epochs (collate) and the step's metrics each sample's row."""
     micro["old_logprobs"] = old_logprobs
     for sample, row in zip(micro["samples"], old_logprobs):
         sample.old_logprobs = row[:len(sample.completion_ids)]
 
+
 def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
-               sequences_per_update: int, cfg: Config, d: Dist, pad_id: int,
+               sequences_per_update: int, cfg: Config, d: ranks.Dist, pad_id: int,
                seed: int) -> tuple[dict, list[Sample]]:
-    """A training step's update of this rank's groups, {position in the
-    step: group} (make_groups); its metrics and the samples it trained."""
+    """A training step's update of this rank's groups, {position in the step: group}
+    (make_groups); its metrics and the samples it trained."""
     # a cache of bf16 weight copies would cost 13 GiB for 7B
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
-    sizes = group_sizes(my_groups, d)  # every rank's groups: {position: token counts}
+    sizes = planner.group_sizes(my_groups, d)  # every rank's groups: {position: token counts}
     total_samples = sum(len(g.row_lengths) for g in sizes.values())
     num_updates = max(1, round(total_samples / sequences_per_update))
-    split = Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
+    split = planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
     # rows, not groups, are dealt to the ranks (by tokens): this rank's, one exchange a step
-    rows = step_rows(my_groups, sizes, num_updates, split, d)
+    rows = planner.step_rows(my_groups, sizes, num_updates, split, d)
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
-        # a mini-batch: a run of the step's shuffled prompts, whole groups, replays included;
-        # later epochs take the runs in another order
-        runs = plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))
+        # a mini-batch: a run of the step's shuffled prompts, whole groups, replays included; later
+        # epochs take the runs in another order
+        runs = planner.plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))
         # N: each mini-batch's response tokens on all ranks
         num_tokens = [sum(sizes[p].response_tokens for p in run) for run in runs]
         # this rank's micro-batches of each, as many as every other rank's (FSDP2's lockstep)
-        mini_batches = [micro_batches(run, rows, sizes, split, d, pad_id) for run in runs]
+        mini_batches = [planner.micro_batches(run, rows, sizes, split, d, pad_id) for run in runs]
         if epoch == 0:
-            # π_θold of every sequence, replays included,
-            # in one no-grad pass before any update, for
+            # π_θold of every sequence, replays included, in one no-grad pass before any update, for
             # every mini-batch but the first (below)
             with torch.no_grad(), autocast:
                 for mini_batch in mini_batches[1:]:
@@ -513,9 +512,8 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
                 with autocast:
                     logprobs = policy(micro)  # (S, L)
                     if epoch == 0 and k == 0:
-                        # the policy has not moved: its
-                        # forward is π_θold (a pass saved;
-                        # all of it when a step is 1 update)
+                        # the policy has not moved: its forward is π_θold (a pass saved; all of it
+                        # when a step is 1 update)
                         keep_old_logprobs(micro, logprobs.detach())
                     loss, metrics = policy_loss(logprobs, micro["old_logprobs"],
                                                 micro["advantages"], micro["completion_mask"],
@@ -526,9 +524,8 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
                         replay_mask = micro["completion_mask"] * micro["replays"][:, None]
                         loss = loss + cfg.replay_coef * imitation_loss(
                             logprobs, replay_mask, num_tokens[k])  # control
-                # A rank's loss is its tokens' share of the token mean
-                # (their sum over N); FSDP2 averages gradients over the W
-                # ranks, so W times the loss sums the shares.
+                # A rank's loss is its tokens' share of the token mean (their sum over N); FSDP2
+                # averages gradients over the W ranks, so W times the loss sums the shares.
                 (loss * d.world_size).backward()
                 if not micro.get("idle"):
                     for key, value in metrics.items():
@@ -540,8 +537,7 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
             grad_norm = grad_norm.item()
-            # a NaN/inf gradient would poison
-            # AdamW's moments: skip, as verl
+            # a NaN/inf gradient would poison AdamW's moments: skip, as verl
             if math.isfinite(grad_norm):
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -557,21 +553,21 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
         summary[key] = int(np.sum(stats[key]))
     return summary, list(rows.values())
 
+
 # ---------------------------------------------------------------------------
 # Phase one: GRPO/DAPO from the base model; phase two reruns it as train(..., replay=True)
 
 def learning_rate(step: int, cfg: Config) -> float:
-    """Linear warm-up, then constant. verl's LambdaLR counts from 0
-    (lr x step / warmup_steps): the first update runs at lr 0 (no
-    weight moves; AdamW's moments take its gradient)."""
+    """Linear warm-up, then constant. verl's LambdaLR counts from 0 (lr x step / warmup_steps):
+    the first update runs at lr 0 (no weight moves; AdamW's moments take its gradient)."""
     if cfg.warmup_steps <= 0:
         return cfg.lr
     return cfg.lr * min(1.0, step / cfg.warmup_steps)
 
+
 def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
-    """avg@val_k, overall and per data source, without
-    replays, seeded by the step (both phases draw the
-    same), on rank 0, which logs it; {} elsewhere."""
+    """avg@val_k, overall and per data source, without replays, seeded by the step (both phases
+    draw the same), on rank 0, which logs it; {} elsewhere."""
     with clock("validation"):
         records = sample_and_grade(engine, tokenizer, val_rows, cfg.val_k, cfg, stop_ids, d,
                                    seed_key=(cfg.seed, "val", step), progress=cfg.progress)
@@ -585,18 +581,19 @@ def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
         scores.update({key: float(np.mean(c)) for key, c in by_source.items()})
     return scores
 
+
 def mixed(group: list[Sample]) -> bool:
-    """control: answers right and wrong (verl's metric acc), replays
-    included: a rescue (fresh all wrong, a replay right) is kept."""
+    """control: answers right and wrong (verl's metric acc), replays included: a rescue (fresh
+    all wrong, a replay right) is kept."""
     return len({s.correct for s in group}) > 1  # control
 
+
 def make_groups(cfg: Config, part: str, step: int, first_round: int, rows: list[dict],
-                engine: Engine, tokenizer, end_id: int, d: Dist, replay: bool,
+                engine: vllm_engine.Engine, tokenizer, end_id: int, d: ranks.Dist, replay: bool,
                 times: dict) -> tuple[dict, dict]:
-    """This rank's groups, {position in the step: group}: n fresh
-    rollouts each, plus m replays in phase two; and the step's counts.
-    Round j is step_prompts's slot first_round + j. One round a step;
-    control: with --dynamic_sampling, rounds until B groups are mixed."""
+    """This rank's groups, {position in the step: group}: n fresh rollouts each, plus m replays
+    in phase two; and the step's counts. Round j is step_prompts's slot first_round + j. One
+    round a step; control: with --dynamic_sampling, rounds until B groups are mixed."""
     B = cfg.prompts_per_step
     rounds = cfg.max_gen_rounds if cfg.dynamic_sampling else 1  # control
     made = {}  # (round, position) -> a group this rank made
@@ -605,8 +602,8 @@ def make_groups(cfg: Config, part: str, step: int, first_round: int, rows: list[
         order = step_prompts(len(rows), B, first_round + j, cfg.seed)
         positions = range(d.rank, B, d.world_size)  # rank r: r, r + W, ...
         batch_rows = [rows[order[p]] for p in positions]
-        # round 0 keeps the keys of a run without dynamic sampling;
-        # later ones add j (a row can come up twice in a step)
+        # round 0 keeps the keys of a run without dynamic sampling; later ones add j (a row can come
+        # up twice in a step)
         extra = (j,) if j else ()  # control
         with clock("generation", times):
             prompts = [render_prompt(tokenizer, row, cfg.prompt_template, cfg.max_prompt_len)
@@ -620,21 +617,21 @@ def make_groups(cfg: Config, part: str, step: int, first_round: int, rows: list[
                                                        completions, seeds):
                 replays = []
                 if replay:
-                    # RLEP: m drawn anew at every visit, seeded by vLLM's key for
-                    # the prompt in another generator (numpy's PCG64, not torch's)
+                    # RLEP: m drawn anew at every visit, seeded by vLLM's key for the prompt in
+                    # another generator (numpy's PCG64, not torch's)
                     rng = np.random.default_rng(seed)  # RLEP
                     replays = draw_replays(row["responses"], cfg.replay_m, rng)  # RLEP
                 made[j, p] = build_group(row, prompt_ids, fresh, tokenizer, cfg, end_id, replays)
-        flags += gather_lists([((j, p), mixed(made[j, p])) for p in positions], d)
+        flags += ranks.gather_lists([((j, p), mixed(made[j, p])) for p in positions], d)
         mixed_groups = sum(flag for _, flag in flags)
         if mixed_groups >= B:
             break
     with clock("generation", times):
         engine.sleep()  # on a GPU: free vLLM's memory for the trainer
-    # control: the first B mixed groups in stream order (round, position),
-    # alike on any number of ranks, each kept on the rank that made it;
-    # at the cap the dropped ones fill the step, earliest first
-    kept = first_flagged(flags, B)  # control
+    # control: the first B mixed groups in stream order (round, position), alike on any number of
+    # ranks, each kept on the rank that made it; at the cap the dropped ones fill the step, earliest
+    # first
+    kept = ranks.first_flagged(flags, B)  # control
     my_groups = {i: made[key] for i, key in enumerate(kept) if key in made}
     meter = {"gen_rounds": j + 1, "gen_prompts": len(flags),
              "gen_responses": len(flags) * cfg.n, "kept_groups": min(B, mixed_groups)}
@@ -642,9 +639,9 @@ def make_groups(cfg: Config, part: str, step: int, first_round: int, rows: list[
         meter["gen_capped"] = mixed_groups < B  # control
     return my_groups, meter
 
+
 def visit(group: list[Sample]) -> dict:
-    """A prompt's visit, for metrics.jsonl. RLEP:
-    rescued when every fresh rollout is wrong and a
+    """A prompt's visit, for metrics.jsonl. RLEP: rescued when every fresh rollout is wrong and a
     replay right: the replays are the only signal."""
     fresh_correct = sum(s.correct for s in group if not s.replay)
     replays = [s for s in group if s.replay]
@@ -652,33 +649,34 @@ def visit(group: list[Sample]) -> dict:
     return {"id": group[0].row_id, "fresh_correct": fresh_correct,
             "replays": len(replays), "rescued": rescued}
 
-def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, end_id: int,
-          base_path: str, d: Dist, val_rows: list[dict], replay: bool = False):
-    """Train from the base model (or the part's last checkpoint); with
-    replay, rows carry pooled responses."""
+
+def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, tokenizer,
+          end_id: int, base_path: str, d: ranks.Dist, val_rows: list[dict], replay: bool = False):
+    """Train from the base model (or the part's last checkpoint); with replay, rows carry pooled
+    responses."""
     part_dir = os.path.join(cfg.out_dir, part)
     steps = cfg.phase2_steps if replay else cfg.phase1_steps
     # the checkpoint's step, and the round of prompts it starts at
-    start, ckpt, prompt_round = rank0_decides(lambda: resume_point(part_dir), d)
+    start, ckpt, prompt_round = ranks.rank0_decides(lambda: checkpoints.resume_point(part_dir), d)
     if start >= steps:
         return
     stage[0] = f"{part}, before step {start + 1}"
-    # a collected pool's size is known only now (checks.py checked the rest)
+    # a collected pool's size is known only now (machinery/checks.py checked the rest)
     if len(rows) < cfg.prompts_per_step:
-        raise UserError(f"{part}: {len(rows)} prompts, fewer than --prompts_per_step "
-                        f"{cfg.prompts_per_step}")
+        raise errors.UserError(f"{part}: {len(rows)} prompts, fewer than --prompts_per_step "
+                               f"{cfg.prompts_per_step}")
     os.makedirs(part_dir, exist_ok=True)
     metrics_path = os.path.join(part_dir, "metrics.jsonl")
     samples_path = os.path.join(part_dir, "samples.jsonl")
     if d.master_process:
         # forget the steps logged after the checkpoint we resume from
         for path in (metrics_path, samples_path):
-            kept = [json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] <= start]
-            write_atomic(path, "".join(kept))
+            kept = [json.dumps(r) + "\n" for r in files.read_jsonl(path) if r["step"] <= start]
+            files.write_atomic(path, "".join(kept))
 
     policy, optimizer = build_policy(ckpt or base_path, cfg, d)
     if ckpt:
-        load_trainer_state(ckpt, policy, optimizer)
+        checkpoints.load_trainer_state(ckpt, policy, optimizer)
     stop_ids = [end_id]
     pad_id = end_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     with clock("push"):
@@ -689,18 +687,19 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
         if base_path not in base_scores:
             base_scores[base_path] = validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=0)
         if d.master_process:
-            write_atomic(metrics_path, json.dumps({"step": 0, **base_scores[base_path]}) + "\n")
-            track(part, {"step": 0, **base_scores[base_path]})
+            row = json.dumps({"step": 0, **base_scores[base_path]}) + "\n"
+            files.write_atomic(metrics_path, row)
+            step_metrics.track(part, {"step": 0, **base_scores[base_path]})
 
-    # An update takes mini_batch_prompts x n sequences, as the paper's
-    # run. RLEP: groups are n + m long, so a step of 512 x 18 makes
-    # round(512 x 18 / (64 x 16)) = 9 updates where the baseline makes 8.
+    # An update takes mini_batch_prompts x n sequences, as the paper's run.
+    # RLEP: groups are n + m long, so a step of 512 x 18 makes round(512 x 18 / (64 x 16)) = 9
+    # updates where the baseline makes 8.
     # control: --equal_updates counts n + m a prompt.
     per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n  # control
     sequences_per_update = cfg.mini_batch_prompts * per_prompt
 
     for step in range(start, steps):
-        stop_if_asked()
+        stops.stop_if_asked()
         stage[0] = f"{part} step {step + 1} of {steps}"
         lr = learning_rate(step, cfg)
         for group in optimizer.param_groups:
@@ -720,61 +719,63 @@ def train(cfg: Config, part: str, rows: list[dict], engine: Engine, tokenizer, e
             engine.push(policy.model)
 
         visits = [visit(group) for group in groups]
-        my_counts = step_counts(groups, visits, logprob_gaps(trained), tokenizer=tokenizer,
-                                cfg=cfg, stop_ids=stop_ids, update=stats)
-        counts = gather_lists([my_counts], d)
+        gaps = step_metrics.logprob_gaps(trained)
+        my_counts = step_metrics.step_counts(groups, visits, gaps, tokenizer=tokenizer, cfg=cfg,
+                                             stop_ids=stop_ids, update=stats)
+        counts = ranks.gather_lists([my_counts], d)
         # after stats: step_record's all-rank token counts win
-        record = {"step": step + 1, "lr": lr, **stats, **step_record(counts), **meter,
+        record = {"step": step + 1, "lr": lr, **stats, **step_metrics.step_record(counts), **meter,
                   **times}
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
             record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1))
 
         if d.master_process:
-            append_jsonl(metrics_path, [record])
-            track(part, record)  # W&B, with --wandb_project
+            files.append_jsonl(metrics_path, [record])
+            step_metrics.track(part, record)  # W&B, with --wandb_project
             fresh = [s for g in groups for s in g if not s.replay][:cfg.log_samples]
             shown = [{"step": step + 1, "prompt": tokenizer.decode(s.prompt_ids),
                       "reward": s.reward, "response": tokenizer.decode(s.completion_ids)}
                      for s in fresh]
-            append_jsonl(samples_path, shown)
-            log_step(part, step + 1, steps, record)
+            files.append_jsonl(samples_path, shown)
+            step_metrics.log_step(part, step + 1, steps, record)
 
-        if step + 1 in save_plan(cfg, part):
+        if step + 1 in checkpoints.save_plan(cfg, part):
             # pruning keeps the weights the collection reads
-            with saving():
-                save_checkpoint(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
-                                protected_steps(cfg, part), prompt_round)
+            with stops.saving():
+                checkpoints.save(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
+                                 checkpoints.protected_steps(cfg, part), prompt_round)
     engine.sleep()
-    # FSDP2's modules sit in reference cycles: free
-    # this part's policy and AdamW now, before the
+    # FSDP2's modules sit in reference cycles: free this part's policy and AdamW now, before the
     # next part builds its own (~10 GiB a GPU for 7B)
     del policy, optimizer
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
+
 # ---------------------------------------------------------------------------
 # Collection: the phase-one checkpoint answers each training prompt K times; RLEP's pool
 
-def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: int, d: Dist):
-    """RLEP: the pool, from the phase-one checkpoint at `collect_step`;
-    progress.jsonl lets a stopped collection resume."""
+def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer, end_id: int,
+            d: ranks.Dist):
+    """RLEP: the pool, from the phase-one checkpoint at `collect_step`; progress.jsonl lets a
+    stopped collection resume."""
     out = os.path.join(cfg.out_dir, "collect")
     pool_path = os.path.join(out, "pool.jsonl")
     progress_path = os.path.join(out, "progress.jsonl")
-    ckpt = checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
+    ckpt = checkpoints.checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
     successes = {}  # rank 0's: it writes the pool
 
     def where_to_start():
-        # rank 0's view of the folder for every rank: a shared filesystem can show the
-        # ranks different files (rank0_decides); the others need only which prompts are done
-        written, successes_so_far = read_collection(out)
+        # rank 0's view of the folder for every rank: a shared filesystem can show the ranks
+        # different files (rank0_decides); the others need only which prompts are done
+        written, successes_so_far = data.read_collection(out)
         if not written and not os.path.isdir(ckpt):
-            raise UserError(f"{ckpt}: phase one has no checkpoint at --collect_step "
-                            f"{cfg.collect_step}")
+            raise errors.UserError(f"{ckpt}: phase one has no checkpoint at --collect_step "
+                                   f"{cfg.collect_step}")
         successes.update(successes_so_far)
         return written, set(successes_so_far)
-    pooled, done = rank0_decides(where_to_start, d)
+    pooled, done = ranks.rank0_decides(where_to_start, d)
     if pooled:
         return
     os.makedirs(out, exist_ok=True)
@@ -783,20 +784,19 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
     bar = tqdm(total=len(todo), desc="collection", unit="prompt",
                disable=not (cfg.progress and d.master_process))
     with clock("collection"):
-        # RLEP: the seed policy, read by vLLM
-        # in its own dtype (no trainer copy)
+        # RLEP: the seed policy, read by vLLM in its own dtype (no trainer copy)
         engine.push(path=ckpt)  # RLEP
         for start in range(0, len(todo), cfg.prompts_per_step):
-            stop_if_asked()
+            stops.stop_if_asked()
             chunk = todo[start:start + cfg.prompts_per_step]
             records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
                                        d, seed_key=(cfg.seed, "collect"),
                                        temperature=cfg.collect_temperature,
-                                       top_p=cfg.collect_top_p, keep=progress_row)
+                                       top_p=cfg.collect_top_p, keep=data.progress_row)
             # on rank 0 (the others' records are [])
             successes.update((r["id"], r["successes"]) for r in records)  # RLEP
             if d.master_process:
-                append_jsonl(progress_path, records)
+                files.append_jsonl(progress_path, records)
             bar.update(len(chunk))
     bar.close()
     engine.sleep()
@@ -806,82 +806,82 @@ def collect(cfg: Config, rows: list[dict], engine: Engine, tokenizer, end_id: in
         pool = [{**row, "responses": successes[row["id"]]} for row in rows
                 if len(successes[row["id"]]) >= cfg.min_successes]  # RLEP
         if not pool:
-            raise UserError(f"empty experience pool: no prompt got {cfg.min_successes} "
-                            f"verified answers out of {cfg.collect_k} from {ckpt}. "
-                            "Train phase one longer or raise --collect_k.")
-        save_pool(pool_path, pool)
+            raise errors.UserError(f"empty experience pool: no prompt got {cfg.min_successes} "
+                                   f"verified answers out of {cfg.collect_k} from {ckpt}. "
+                                   "Train phase one longer or raise --collect_k.")
+        data.save_pool(pool_path, pool)
     # rank 0 writes it; if it is empty, every rank raises
-    rank0_decides(write_pool, d)
+    ranks.rank0_decides(write_pool, d)
+
 
 # ---------------------------------------------------------------------------
-# Phase two: RLEP proper. The loop of phase one, restarted from the base model π_θ0 on the
-# pool's prompts, each group n fresh + m replayed.
+# Phase two: RLEP proper. The loop of phase one, restarted from the base model π_θ0 on the pool's
+# prompts, each group n fresh + m replayed.
 
 def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict],
-              engine: Engine, tokenizer, end_id: int, base_path: str, d: Dist,
+              engine: vllm_engine.Engine, tokenizer, end_id: int, base_path: str, d: ranks.Dist,
               val_rows: list[dict]):
     # RLEP: the pool given with --pool, else the collection's (read by rank 0, for all)
     collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
-    pool = given_pool or rank0_decides(lambda: load_pool(collected), d)  # RLEP
+    pool = given_pool or ranks.rank0_decides(lambda: data.load_pool(collected), d)  # RLEP
     rows = pool
     if cfg.phase2_prompts == "all":
-        # control: every training prompt, with
-        # replays where the pool has some
+        # control: every training prompt, with replays where the pool has some
         pooled = {row["id"]: row["responses"] for row in pool}
         rows = [{**row, "responses": pooled.get(row["id"], [])} for row in train_rows]
-    # RLEP: from π_θ0 (base_path), not
-    # phase one's checkpoint, with replays
+    # RLEP: from π_θ0 (base_path), not phase one's checkpoint, with replays
     train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True)
 
+
 # ---------------------------------------------------------------------------
-# main: phase one, the collection, phase two; the report (data.py) and the time table
+# main: phase one, the collection, phase two; the report and the time table
 
 def main(argv=None):
     """Phase one, the collection, phase two (each part resumes on its own), the report."""
     from transformers import AutoTokenizer
     started = time.perf_counter()
     cfg = parse_config(argv)
-    d = setup_distributed(cfg.timeout_minutes)
+    d = ranks.setup_distributed(cfg.timeout_minutes)
     # the command alone: every rank refuses alike
-    for warning in check_config(cfg, d.world_size):
+    for warning in checks.check_config(cfg, d.world_size):
         if d.master_process:
             print(f"rlep.py: warning: {warning}", file=sys.stderr, flush=True)
     try:
-        # a folder as given, a built-in model made or a hub model fetched: by rank 0 first,
-        # once; then every rank finds it
-        rank0_decides(lambda: resolve_model(cfg.model_path, cfg.cache_dir), d)
-        model_path = resolve_model(cfg.model_path, cfg.cache_dir)
+        # a folder as given, a built-in model made or a hub model fetched: by rank 0 first, once;
+        # then every rank finds it
+        ranks.rank0_decides(lambda: models.resolve_model(cfg.model_path, cfg.cache_dir), d)
+        model_path = models.resolve_model(cfg.model_path, cfg.cache_dir)
     except ValueError as e:  # an unknown built-in model, a hub name that cannot be fetched
-        raise UserError(f"--model_path {e}") from None
-    # rank 0 checks the run, the model, each row, the pool
-    # and the disk; every rank gets its config or refusal
+        raise errors.UserError(f"--model_path {e}") from None
+    # rank 0 checks the run, the model, each row, the pool and the disk; every rank gets its config
+    # or refusal
     checked = {}  # rank 0's, the rows it read too
-    saved = rank0_decides(
-        lambda: check_start(cfg, model_path, d.world_size, checked, prompt_text), d)
+    saved = ranks.rank0_decides(
+        lambda: checks.check_start(cfg, model_path, d.world_size, checked, prompt_text), d)
     if cfg.dtype == "auto" and "dtype" in saved:
         cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
 
     # the ranks must agree: every rank takes rank 0's measurement
-    dtype = rank0_decides(lambda: resolve_dtype(cfg.dtype, d.device, model_path), d)
+    dtype = ranks.rank0_decides(lambda: precision.resolve_dtype(cfg.dtype, d.device, model_path), d)
     cfg.dtype = dtype.dtype
     # every rank refuses a bad --stop_token alike, before config.json
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     end_id = end_token_id(tokenizer, cfg.stop_token)
     # one process writes the run: rank 0 holds its folder from the first write on
-    rank0_decides(lambda: hold_run_folder(cfg.out_dir), d)
+    ranks.rank0_decides(lambda: lock.hold_run_folder(cfg.out_dir), d)
     if d.master_process:
         print(f"rlep: preset {cfg.preset}, {d.world_size} rank(s) on {d.device.type}, dtype "
               f"{cfg.dtype} ({dtype.why}), torch threads {torch.get_num_threads()}, output "
               f"in {cfg.out_dir}", flush=True)
-        remove_leftovers(cfg.out_dir)
+        checkpoints.remove_leftovers(cfg.out_dir)
         # with --override's changes, at the steps they took effect
-        save_config(cfg.out_dir, asdict(cfg), saved, checked["changes"])
+        files.save_config(cfg.out_dir, asdict(cfg), saved, checked["changes"])
         if cfg.wandb_project:
             name = f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{cfg.preset}"
-            start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
-    # the rows rank 0 read and checked, for every rank: one read of the files, not W (the
-    # paper's parquet holds 1.8 M rows for ~17.9k prompts)
-    train_rows, val_rows, given_pool = rank0_decides(lambda: checked["inputs"], d)
+            step_metrics.start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
+    # the rows rank 0 read and checked, for every rank: one read of the files, not W (the paper's
+    # parquet holds 1.8 M rows for ~17.9k prompts)
+    train_rows, val_rows, given_pool = ranks.rank0_decides(lambda: checked["inputs"], d)
     baseline_on_pool = cfg.phase1_prompts == "pool"  # control
 
     engine = build_engine(cfg, model_path, d)
@@ -897,9 +897,9 @@ def main(argv=None):
             phase_two(cfg, given_pool, train_rows, engine, tokenizer, end_id, model_path, d,
                       val_rows)  # RLEP
     finally:
-        # vLLM's groups, torchrun's too (else at exit, below); a stop
-        # says where it stopped first (vLLM's exit handler shuts down)
-        if not stop["why"]:
+        # vLLM's groups, torchrun's too (else at exit, below); a stop says where it stopped first
+        # (vLLM's exit handler shuts down)
+        if not stops.stop["why"]:
             engine.shutdown()
 
     total = time.perf_counter() - started
@@ -908,20 +908,20 @@ def main(argv=None):
         return
     # the comparison (after --phase all), the time table
     compare = cfg.phase == "all" and cfg.val_every
-    table = final_report(cfg.out_dir, compare, total, spent, dtype.gflops)
+    table = report.final_report(cfg.out_dir, compare, total, spent, dtype.gflops)
     # the table too; a run that stopped early is closed by wandb at exit
-    finish_wandb(table)
+    step_metrics.finish_wandb(table)
 
 if __name__ == "__main__":
-    catch_stops()  # Ctrl-C and SIGTERM
+    stops.catch_stops()  # Ctrl-C and SIGTERM
     try:
         main()
-    except UserError as e:  # bad input: one line; any other error keeps its traceback
+    except errors.UserError as e:  # bad input: one line; any other error keeps its traceback
         print(f"rlep.py: {e}", file=sys.stderr)
         sys.exit(2)
     except (KeyboardInterrupt, Exception) as e:
         # a stop's line and exit; other errors go on
-        end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
+        stops.end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
     finally:
         # every exit, a refusal's too: a gloo thread left running aborts it
         if dist.is_initialized():

@@ -15,9 +15,9 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The tiny preset's model, built once per test session (5 s) into a temporary cache."""
-    import builtin
+    from machinery import models, ranks
     cache = tmp_path_factory.mktemp("cache")
-    return builtin.resolve_model("builtin:tiny", str(cache))
+    return models.resolve_model("builtin:tiny", str(cache))
 
 
 engines = {}
@@ -33,9 +33,10 @@ def tiny_engine(tiny_model):
     from vllm.distributed import parallel_state
 
     import rlep
+    from machinery import ranks
     if "tiny" not in engines or not parallel_state.model_parallel_is_initialized():
         cfg = rlep.parse_config(["--preset", "tiny"])
-        cpu = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
+        cpu = ranks.Dist(False, 0, 1, torch.device("cpu"), True)
         engines["tiny"] = rlep.build_engine(cfg, tiny_model, cpu)
     return engines["tiny"]
 

@@ -21,8 +21,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-import checks
-import data
+from machinery import checks, data, errors, lock, ranks
 import rlep
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,7 +218,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, files, cache_
     before = digest(out)
     monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
     # a flag's value out of its choices is argparse's: one line on stderr, exit 2
-    with pytest.raises((data.UserError, SystemExit)) as error:
+    with pytest.raises((errors.UserError, SystemExit)) as error:
         rlep.main(command)
     line = str(error.value)
     if error.type is SystemExit:
@@ -319,7 +318,7 @@ def test_legal_but_surprising_settings_are_warned_about(capsys):
     assert any("one update a step, on-policy" in w for w in warnings)
     assert any("--replay_m 12 > --n 8" in w for w in warnings)
     assert checks.check_config(rlep.parse_config(["--preset", "tiny"])) == []
-    with pytest.raises(data.UserError, match="multiple of the 3 ranks"):
+    with pytest.raises(errors.UserError, match="multiple of the 3 ranks"):
         checks.check_config(rlep.parse_config(["--preset", "tiny"]), world_size=3)
 
 
@@ -335,7 +334,7 @@ def test_fields_free_on_resume_are_config_fields_and_auto_takes_the_runs_dtype()
     # value taken and recorded with --override; one free on resume is not compared
     del saved["seed"], saved["progress"]
     cfg.seed = 7
-    with pytest.raises(data.UserError, match=r"config.json lacks --seed: restore them"):
+    with pytest.raises(errors.UserError, match=r"config.json lacks --seed: restore them"):
         checks.resume_changes(cfg, saved, at={})
     cfg.override = True
     assert checks.resume_changes(cfg, saved, at={"phase1_step": 2}) == [
@@ -416,7 +415,7 @@ def test_a_stop_names_the_part_it_stopped_in(tmp_path, monkeypatch):
     def stopped(*args):
         raise KeyboardInterrupt("Ctrl-C")
     monkeypatch.setattr(rlep, "build_policy", stopped)
-    cpu = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
+    cpu = ranks.Dist(False, 0, 1, torch.device("cpu"), True)
     with pytest.raises(KeyboardInterrupt):
         rlep.train(cfg, "phase2", rows, None, None, 0, "base", cpu, [], replay=True)
     assert rlep.stage[0] == "phase2, before step 1"
@@ -435,7 +434,7 @@ def test_a_bom_is_read_and_one_id_names_one_problem(tmp_path):
     assert data.read_rows(str(tmp_path / "twice.jsonl")) == rows
     # one id, another problem: refused with both rows
     (tmp_path / "other.jsonl").write_text(text + json.dumps({**rows[1], "problem": "9+9"}) + "\n")
-    with pytest.raises(data.UserError, match=r"other.jsonl: rows 2 and 4: both have id 'p1', "
+    with pytest.raises(errors.UserError, match=r"other.jsonl: rows 2 and 4: both have id 'p1', "
                                              r"with other problems"):
         data.read_rows(str(tmp_path / "other.jsonl"))
 
@@ -523,7 +522,7 @@ def test_a_second_writer_is_refused_while_orphaned_torchrun_ranks_hold_the_run(
         ranks = rank_pids(out)
         assert sorted(ranks) == [0, 1], "the ranks did not outlive their launcher"
         monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("a second writer"))
-        with pytest.raises(data.UserError) as error:
+        with pytest.raises(errors.UserError) as error:
             rlep.main(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
                        str(cache_dir), "--phase", "1", "--phase1_steps", "50", "--val_every",
                        "0", "--resume"])
@@ -537,4 +536,4 @@ def test_a_second_writer_is_refused_while_orphaned_torchrun_ranks_hold_the_run(
     deadline = time.time() + 60
     while not all(ended(pid) for pid in ranks.values()) and time.time() < deadline:
         time.sleep(0.1)
-    checks.hold_run_folder(str(out))
+    lock.hold_run_folder(str(out))

@@ -15,13 +15,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
-import checks
-import data
+from machinery import checkpoints, checks, data, disk, errors, files, ranks, vllm_engine
 import rlep
 
 
 def fake_checkpoint(part_dir, step, complete=True):
-    folder = data.checkpoint_path(str(part_dir), step)
+    folder = checkpoints.checkpoint_path(str(part_dir), step)
     os.makedirs(os.path.join(folder, "optimizer"))
     open(os.path.join(folder, "model.safetensors"), "w").close()
     if complete:
@@ -34,16 +33,17 @@ def test_pruning_keeps_the_newest_whole_and_the_protected_weights(tmp_path):
         fake_checkpoint(tmp_path, step)
     in_flight = fake_checkpoint(tmp_path, 100, complete=False)
     os.rename(in_flight, in_flight + ".tmp")
-    data.prune_checkpoints(str(tmp_path), keep=2, protected={20})
-    assert data.complete_checkpoints(str(tmp_path)) == [20, 60, 80]
+    checkpoints.prune_checkpoints(str(tmp_path), keep=2, protected={20})
+    assert checkpoints.complete_checkpoints(str(tmp_path)) == [20, 60, 80]
     with_optimizer = [s for s in (20, 60, 80)
-                      if os.path.isdir(os.path.join(data.checkpoint_path(str(tmp_path), s),
+                      if os.path.isdir(os.path.join(checkpoints.checkpoint_path(str(tmp_path), s),
                                                     "optimizer"))]
     # the newest two can be resumed from; the collection's keeps only its weights
     assert with_optimizer == [60, 80]
     # a save in flight is not a checkpoint, and is not touched
     assert os.path.isdir(in_flight + ".tmp")
-    assert data.latest_checkpoint(str(tmp_path)) == (80, data.checkpoint_path(str(tmp_path), 80))
+    newest = checkpoints.checkpoint_path(str(tmp_path), 80)
+    assert checkpoints.latest_checkpoint(str(tmp_path)) == (80, newest)
 
 
 def fake_sized_checkpoint(part_dir, step, params):
@@ -63,18 +63,18 @@ def bytes_under(folder):
 
 def replay_saves(cfg, out_dir, params):
     """The saves of the command cfg.phase as save_checkpoint makes them (a new checkpoint
-    whole beside the others, then data.prune_checkpoints), on fake checkpoints of real
+    whole beside the others, then checkpoints.prune_checkpoints), on fake checkpoints of real
     sizes: the most bytes the run's folder held."""
     peak = bytes_under(out_dir)
     parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"]}[cfg.phase]
     for part in parts:
         part_dir = os.path.join(out_dir, part)
-        done = data.latest_checkpoint(part_dir)[0]
-        for step in [s for s in data.save_plan(cfg, part) if s > done]:
+        done = checkpoints.latest_checkpoint(part_dir)[0]
+        for step in [s for s in checkpoints.save_plan(cfg, part) if s > done]:
             fake_sized_checkpoint(part_dir, step, params)
             peak = max(peak, bytes_under(out_dir))
             protected = {cfg.collect_step} if part == "phase1" else set()
-            data.prune_checkpoints(part_dir, cfg.keep_checkpoints, protected)
+            checkpoints.prune_checkpoints(part_dir, cfg.keep_checkpoints, protected)
     return peak
 
 
@@ -95,8 +95,8 @@ def test_the_disk_budget_is_the_peak_of_what_pruning_leaves(tmp_path, flags, pea
     cfg = rlep.parse_config(["--preset", "paper", "--out_dir", str(tmp_path), "--phase1_steps",
                              "8", "--phase2_steps", "8", "--collect_step", "8", "--save_every",
                              "2", *flags])
-    size = checks.CheckpointSize(whole=12 * params, weights=4 * params)
-    budget = checks.disk_budget(cfg, size, checks.held_checkpoints(str(tmp_path)))
+    size = disk.CheckpointSize(whole=12 * params, weights=4 * params)
+    budget = disk.disk_budget(cfg, size, disk.held_checkpoints(str(tmp_path)))
     assert budget["per_checkpoint"] == 12 * params and budget["on_disk"] == 0
     assert budget["peak"] == budget["need"] == peak * params
     # the same saves and prunes on files of real sizes
@@ -114,9 +114,9 @@ def test_a_resumed_run_is_budgeted_for_what_it_still_writes(tmp_path, tiny_model
     for part, steps in (("phase1", (6, 8)), ("phase2", (2, 4))):
         for step in steps:
             fake_sized_checkpoint(tmp_path / part, step, params)
-    size = checks.CheckpointSize(whole=12 * params, weights=4 * params)
-    held = checks.held_checkpoints(str(tmp_path))
-    budget = checks.disk_budget(cfg, size, held)
+    size = disk.CheckpointSize(whole=12 * params, weights=4 * params)
+    held = disk.held_checkpoints(str(tmp_path))
+    budget = disk.disk_budget(cfg, size, held)
     # measured, as held: 12 bytes a parameter in these
     assert budget["on_disk"] == bytes_under(tmp_path) == 4 * 12 * params
     # one more checkpoint, then the oldest of phase two is pruned
@@ -124,16 +124,16 @@ def test_a_resumed_run_is_budgeted_for_what_it_still_writes(tmp_path, tiny_model
 
     def free_space(free):
         usage = type("Usage", (), {"free": free})()
-        monkeypatch.setattr(checks.shutil, "disk_usage", lambda path: usage)
+        monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: usage)
     # check_disk: the tiny model's checkpoint, and the metrics, samples and pool beside
-    need = checks.disk_budget(cfg, checks.checkpoint_size(tiny_model), held)["need"]
-    need += checks.log_bytes(cfg, num_rows=0)
+    need = disk.disk_budget(cfg, disk.checkpoint_size(tiny_model), held)["need"]
+    need += disk.log_bytes(cfg, num_rows=0)
     free_space(need)
-    checks.check_disk(cfg, tiny_model)
+    disk.check_disk(cfg, tiny_model)
     assert "of them on disk already" in capsys.readouterr().out
     free_space(need - 1)
-    with pytest.raises(data.UserError, match="need .* more") as error:
-        checks.check_disk(cfg, tiny_model)
+    with pytest.raises(errors.UserError, match="need .* more") as error:
+        disk.check_disk(cfg, tiny_model)
     assert str(tmp_path) in str(error.value)
     # the rest of the run, saved and pruned
     assert replay_saves(cfg, str(tmp_path), params) == budget["peak"]
@@ -143,12 +143,12 @@ def test_a_refused_start_leaves_no_run_behind(tmp_path, tiny_model, monkeypatch)
     """The disk check comes before config.json: the same command, given room, starts; it
     does not fail with "already holds a run"."""
     no_room = type("Usage", (), {"free": 0})()
-    monkeypatch.setattr(checks.shutil, "disk_usage", lambda path: no_room)
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: no_room)
     out = tmp_path / "run"
     command = ["--preset", "tiny", "--out_dir", str(out),
                "--cache_dir", os.path.dirname(tiny_model)]
     for _ in range(2):
-        with pytest.raises(data.UserError, match="free"):
+        with pytest.raises(errors.UserError, match="free"):
             rlep.main(command)
     assert not out.exists()
 
@@ -158,21 +158,21 @@ def test_the_checkpoint_estimate_covers_a_real_one(tmp_path, tiny_model):
     trainer state): the estimate is at least its bytes, and at most 10 % over (weights
     alone: 20 %)."""
     cfg = rlep.parse_config(["--preset", "tiny"])
-    d = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
+    d = ranks.Dist(False, 0, 1, torch.device("cpu"), True)
     policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
     sum(p.sum() for p in policy.parameters()).backward()
     optimizer.step()
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    data.save_checkpoint(str(tmp_path / "phase1"), 2, policy, optimizer, tokenizer, cfg, d)
-    folder = data.checkpoint_path(str(tmp_path / "phase1"), 2)
+    checkpoints.save(str(tmp_path / "phase1"), 2, policy, optimizer, tokenizer, cfg, d)
+    folder = checkpoints.checkpoint_path(str(tmp_path / "phase1"), 2)
     whole = bytes_under(folder)
     weights = whole - bytes_under(os.path.join(folder, "optimizer"))
-    size = checks.checkpoint_size(tiny_model)
+    size = disk.checkpoint_size(tiny_model)
     assert whole <= size.whole <= 1.1 * whole and weights <= size.weights <= 1.2 * weights
     # a checkpoint on disk is measured
-    assert checks.held_checkpoints(str(tmp_path)) == {("phase1", 2): (whole, weights)}
-    assert checks.show_bytes(size.whole) == f"{size.whole / 1e6:.1f} MB"
-    assert checks.show_bytes(2.5e9) == "2.5 GB" and checks.show_bytes(0) == "0.0 B"
+    assert disk.held_checkpoints(str(tmp_path)) == {("phase1", 2): (whole, weights)}
+    assert disk.show_bytes(size.whole) == f"{size.whole / 1e6:.1f} MB"
+    assert disk.show_bytes(2.5e9) == "2.5 GB" and disk.show_bytes(0) == "0.0 B"
 
 
 @pytest.mark.parametrize("collect_step", [0, 5])
@@ -189,7 +189,7 @@ def test_a_collection_step_phase_one_never_reaches_is_refused(collect_step):
         checks.check_save_plan(rlep.parse_config(["--preset", "tiny", "--collect_step",
                                                 str(collect_step), *flags]))
     # a step phase one never reaches is not budgeted as a save
-    assert data.save_plan(cfg, "phase1") == [2, 4]
+    assert checkpoints.save_plan(cfg, "phase1") == [2, 4]
 
 
 def test_phase_one_saves_the_collection_step_between_saves(tiny_engine, tiny_model, tmp_path):
@@ -198,14 +198,14 @@ def test_phase_one_saves_the_collection_step_between_saves(tiny_engine, tiny_mod
     cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(tmp_path), "--val_every", "0",
                              "--phase1_steps", "2", "--collect_step", "1",
                              "--keep_checkpoints", "1"])
-    assert cfg.save_every == 2 and data.save_plan(cfg, "phase1") == [1, 2]
+    assert cfg.save_every == 2 and checkpoints.save_plan(cfg, "phase1") == [1, 2]
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = data.read_rows(cfg.train_file)
     rlep.train(cfg, "phase1", rows, tiny_engine, tokenizer, tokenizer.eos_token_id, tiny_model,
-               rlep.setup_distributed(), [])
+               ranks.setup_distributed(), [])
     part_dir = str(tmp_path / "phase1")
-    assert data.complete_checkpoints(part_dir) == [1, 2]
-    collected = data.checkpoint_path(part_dir, 1)
+    assert checkpoints.complete_checkpoints(part_dir) == [1, 2]
+    collected = checkpoints.checkpoint_path(part_dir, 1)
     assert os.path.isfile(os.path.join(collected, "model.safetensors"))
     assert not os.path.isdir(os.path.join(collected, "optimizer"))
 
@@ -217,18 +217,18 @@ def test_the_collection_gathers_only_the_verified_answers(tiny_engine, tiny_mode
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     tiny_engine.push(path=tiny_model)
     rows = data.read_rows(cfg.train_file)[:6]
-    d = rlep.setup_distributed()
+    d = ranks.setup_distributed()
     def sample(keep=None):
         return rlep.sample_and_grade(tiny_engine, tokenizer, rows, 8, cfg,
                                      [tokenizer.eos_token_id], d, (1, "collect"), keep=keep)
     full = sample()
     gathered = []
-    real_gather = rlep.gather_to_rank0
+    real_gather = ranks.gather_to_rank0
 
     def spy(items, d):
         gathered.extend(items)
         return real_gather(items, d)
-    monkeypatch.setattr(rlep, "gather_to_rank0", spy)
+    monkeypatch.setattr(ranks, "gather_to_rank0", spy)
     kept = sample(keep=data.progress_row)
     assert gathered == kept and [set(r) for r in kept] == [{"id", "successes", "tokens"}] * 6
     # the same seeded samples: the verified texts of each prompt, the tokens of all 8
@@ -248,14 +248,14 @@ def test_stopped_saves_and_prunes_are_removed(tmp_path, capsys):
     pool = tmp_path / "collect" / "pool.jsonl"
     pool.parent.mkdir()
     pool.write_text("")
-    data.remove_leftovers(str(tmp_path))
+    checkpoints.remove_leftovers(str(tmp_path))
     left = sorted(os.path.relpath(os.path.join(root, d), tmp_path)
                   for root, dirs, _ in os.walk(tmp_path) for d in dirs if d.startswith("step_"))
     assert left == [os.path.relpath(kept, tmp_path)] and pool.exists()
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 1 and "step_000002.deleting" in printed[0]
     assert "step_000006.tmp" in printed[0]
-    data.remove_leftovers(str(tmp_path))
+    checkpoints.remove_leftovers(str(tmp_path))
     assert capsys.readouterr().out == ""
 
 
@@ -265,7 +265,7 @@ def decide_on_rank(rank, port, folders, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
-    d = rlep.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
+    d = ranks.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
     cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", folders[rank]])
     built = []
 
@@ -286,13 +286,13 @@ def test_every_rank_takes_rank_0s_view_of_the_run(tmp_path, free_port):
     folders = [str(tmp_path / "rank0"), str(tmp_path / "rank1")]
     for rank, step in ((0, 2), (1, 4)):
         folder = fake_checkpoint(tmp_path / f"rank{rank}" / "phase1", step)
-        # what the resume reads of it (data.resume_point)
+        # what the resume reads of it (checkpoints.resume_point)
         torch.save({"step": step}, os.path.join(folder, "trainer_state.pt"))
     pool = tmp_path / "rank0" / "collect" / "pool.jsonl"
     pool.parent.mkdir()
     pool.write_text("")
     mp.spawn(decide_on_rank, args=(free_port, folders, str(tmp_path / "built")), nprocs=2)
-    ckpt = data.checkpoint_path(os.path.join(folders[0], "phase1"), 2)
+    ckpt = checkpoints.checkpoint_path(os.path.join(folders[0], "phase1"), 2)
     for rank in (0, 1):
         assert torch.load(tmp_path / f"built.{rank}")["built"] == [ckpt]
 
@@ -314,7 +314,7 @@ def test_the_phase_one_policy_is_freed_when_its_part_ends(tiny_engine, tiny_mode
     cfg.phase1_steps = 1
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = data.read_rows(cfg.train_file)
-    d = rlep.setup_distributed()
+    d = ranks.setup_distributed()
     rlep.train(cfg, "phase1", rows, tiny_engine, tokenizer, tokenizer.eos_token_id, tiny_model,
                d, [])
     assert len(built) == 1
@@ -339,7 +339,7 @@ class AnsweringEngine:
         groups = []
         for prompt in prompts:
             ids = self.tokenizer.encode(self.answers[tuple(prompt)], add_special_tokens=False)
-            groups.append([rlep.Completion(ids, None)] * n)
+            groups.append([vllm_engine.Completion(ids, None)] * n)
         return groups
 
 
@@ -348,7 +348,7 @@ def collect_on_rank(rank, port, model_path, out_dir, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
-    d = rlep.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
+    d = ranks.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
     received = []
     for name in ("broadcast_object_list", "all_gather_object", "gather_object"):
         def spy(*args, real=getattr(dist, name), **kwargs):
@@ -380,13 +380,13 @@ def test_the_other_ranks_never_receive_rank_0s_collected_answers(tiny_model, tmp
     progress = [{"id": row["id"], "successes": [text, text], "tokens": 4}
                 for row, text in zip(rows[:3], secret)]
     (out_dir / "collect").mkdir()
-    data.append_jsonl(str(out_dir / "collect" / "progress.jsonl"), progress)
+    files.append_jsonl(str(out_dir / "collect" / "progress.jsonl"), progress)
     mp.spawn(collect_on_rank, nprocs=2,
              args=(free_port, tiny_model, str(out_dir), str(tmp_path / "received")))
     received = torch.load(tmp_path / "received")["received"]
     assert received  # the spies saw the collectives
     assert not any(text.encode() in blob for blob in received for text in secret)
-    pool = {row["id"]: row["responses"] for row in data.read_jsonl(
+    pool = {row["id"]: row["responses"] for row in files.read_jsonl(
         str(out_dir / "collect" / "pool.jsonl"))}
     # the 3 resumed prompts with their answers, the 5 sampled now with k gold answers each
     assert [pool[row["id"]] for row in rows[:3]] == [[text, text] for text in secret]
@@ -398,7 +398,7 @@ def decide_or_refuse(rank, port, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
-    d = rlep.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
+    d = ranks.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
     calls = []
 
     def decide():
@@ -407,9 +407,9 @@ def decide_or_refuse(rank, port, out):
 
     def refuse():
         raise ValueError("--n 0: must be at least 1")
-    answer = rlep.rank0_decides(decide, d)
+    answer = ranks.rank0_decides(decide, d)
     with pytest.raises(ValueError) as refused:
-        rlep.rank0_decides(refuse, d)
+        ranks.rank0_decides(refuse, d)
     torch.save({"answer": answer, "calls": calls, "error": str(refused.value)}, f"{out}.{rank}")
     dist.destroy_process_group()
 

@@ -8,7 +8,7 @@ import sys
 
 from transformers import AutoModelForCausalLM
 
-import data
+from machinery import checkpoints
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,7 +33,7 @@ def test_one_step_of_the_cpu_preset(tmp_path):
     samples = [json.loads(line) for line in open(out / "phase1" / "samples.jsonl")]
     # the two worked examples are in the prompt
     assert samples and all("Answer" in s["prompt"] for s in samples)
-    checkpoint = data.checkpoint_path(str(out / "phase1"), 1)
+    checkpoint = checkpoints.checkpoint_path(str(out / "phase1"), 1)
     trained = AutoModelForCausalLM.from_pretrained(checkpoint)
     base = AutoModelForCausalLM.from_pretrained(cache / "smollm2")
     # it learned

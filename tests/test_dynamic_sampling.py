@@ -10,13 +10,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-import data
-import machinery
+from machinery import checkpoints, data, ranks, step_metrics, vllm_engine
 import rlep
 from test_rlep import assert_same_weights, read_jsonl, relative_gap, run_rlep
 
 cpu = torch.device("cpu")
-single = rlep.Dist(False, 0, 1, cpu, True)
+single = ranks.Dist(False, 0, 1, cpu, True)
 
 
 def sample(correct, replay=False, reward=None):
@@ -41,14 +40,14 @@ def test_a_group_is_dropped_when_its_answers_all_agree_replays_included():
 def test_the_first_mixed_groups_in_stream_order_are_kept_and_dropped_ones_fill_a_short_step():
     flags = [((0, 0), True), ((0, 1), False), ((0, 2), True), ((1, 0), False), ((1, 1), True),
              ((1, 2), True)]
-    assert machinery.first_flagged(flags, 3) == [(0, 0), (0, 2), (1, 1)]
+    assert ranks.first_flagged(flags, 3) == [(0, 0), (0, 2), (1, 1)]
     # the order the ranks' reports arrive in does not matter
     shuffled = flags[:]
     random.Random(0).shuffle(shuffled)
-    assert machinery.first_flagged(shuffled, 3) == [(0, 0), (0, 2), (1, 1)]
+    assert ranks.first_flagged(shuffled, 3) == [(0, 0), (0, 2), (1, 1)]
     # fewer mixed than the count: the earliest dropped fill in, all in stream order
-    assert machinery.first_flagged(flags, 5) == [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2)]
-    assert machinery.first_flagged(flags[:2], 2) == [(0, 0), (0, 1)]
+    assert ranks.first_flagged(flags, 5) == [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2)]
+    assert ranks.first_flagged(flags[:2], 2) == [(0, 0), (0, 1)]
 
 
 class ScheduledEngine:
@@ -73,7 +72,7 @@ class ScheduledEngine:
             gold = int(self.gold[tuple(prompt)])
             texts = [f"Answer: {gold if flag and j % 2 == 0 else gold + 10}" for j in range(n)]
             ids = [self.tokenizer(t + "<|im_end|>")["input_ids"] for t in texts]
-            out.append([rlep.Completion(i, [-1.0] * len(i)) for i in ids])
+            out.append([vllm_engine.Completion(i, [-1.0] * len(i)) for i in ids])
         return out
 
 
@@ -125,7 +124,7 @@ def test_at_the_cap_the_dropped_groups_fill_the_step_earliest_first(tiny_model, 
     kept = [(0, p) for p in range(7)] + [(1, 1)]
     assert [g[0].row_id for g in my_groups.values()] == [ids[j][p] for j, p in kept]
     record = {"reward_mean": 0.0, **meter}
-    data.log_step("phase1", 3, 4, record)
+    step_metrics.log_step("phase1", 3, 4, record)
     assert "capped: 3 groups mixed" in capsys.readouterr().out
 
 
@@ -152,10 +151,10 @@ def test_a_checkpoint_without_its_round_resumes_at_its_step(tmp_path):
     folder = tmp_path / "step_000002"
     folder.mkdir()
     torch.save({"step": 2, "torch_rng": torch.get_rng_state()}, folder / "trainer_state.pt")
-    assert data.resume_point(str(tmp_path)) == (2, str(folder), 2)
+    assert checkpoints.resume_point(str(tmp_path)) == (2, str(folder), 2)
     torch.save({"step": 2, "prompt_round": 5}, folder / "trainer_state.pt")
-    assert data.resume_point(str(tmp_path)) == (2, str(folder), 5)
-    assert data.resume_point(str(tmp_path / "none")) == (0, None, 0)
+    assert checkpoints.resume_point(str(tmp_path)) == (2, str(folder), 5)
+    assert checkpoints.resume_point(str(tmp_path / "none")) == (0, None, 0)
 
 
 # -----------------------------------------------------------------------------------------
@@ -220,8 +219,8 @@ def test_a_resumed_dynamic_run_starts_at_the_round_the_uninterrupted_one_did(
     _, resumed_rows = train_phase_one(tiny_model, tiny_engine, resumed, 4)
     assert [r["visits"] for r in resumed_rows] == [r["visits"] for r in rows]
     assert [r["gen_rounds"] for r in resumed_rows] == [r["gen_rounds"] for r in rows]
-    assert_same_weights(data.checkpoint_path(str(resumed / "phase1"), 4),
-                        data.checkpoint_path(str(out / "phase1"), 4))
+    assert_same_weights(checkpoints.checkpoint_path(str(resumed / "phase1"), 4),
+                        checkpoints.checkpoint_path(str(out / "phase1"), 4))
 
 
 def test_two_ranks_keep_the_same_groups_and_train_the_same_weights(tiny_model, dynamic_run,
@@ -238,5 +237,5 @@ def test_two_ranks_keep_the_same_groups_and_train_the_same_weights(tiny_model, d
     for r, one in list(zip(two_rows, rows))[:2]:
         assert sorted(v["id"] for v in r["visits"]) == sorted(v["id"] for v in one["visits"])
         assert r["gen_rounds"] == one["gen_rounds"] and r["acc_fresh"] == one["acc_fresh"]
-    assert relative_gap(data.checkpoint_path(str(two / "phase1"), 2),
-                        data.checkpoint_path(str(out / "phase1"), 2), tiny_model) < 1e-4
+    assert relative_gap(checkpoints.checkpoint_path(str(two / "phase1"), 2),
+                        checkpoints.checkpoint_path(str(out / "phase1"), 2), tiny_model) < 1e-4

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-import data
+from machinery import errors, ranks, report
 import eval
 import rlep
 import verify
@@ -277,7 +277,7 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(
     models = [] if "--run_dir" in flags or "--model" in flags else ["--model", tiny_model]
     monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
     # a flag's value out of its choices is argparse's: one line on stderr, exit 2
-    with pytest.raises((data.UserError, SystemExit)) as error:
+    with pytest.raises((errors.UserError, SystemExit)) as error:
         eval.main([*models, "--data", data_files[0], *sampling, "--out_dir", str(out), *flags])
     line = str(error.value)
     if error.type is SystemExit:
@@ -303,7 +303,7 @@ def test_samples_of_other_settings_are_refused_before_sampling(clean_run, tiny_m
     shutil.copytree(clean_run[0], out)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
-    with pytest.raises(data.UserError, match=r"eval/: samples made with other settings \(k\); "
+    with pytest.raises(errors.UserError, match=r"eval/: samples made with other settings \(k\); "
                                              "use another --out_dir"):
         eval.main(["--model", tiny_model, *data_args(data_files), *sampling, "--k", "2",
                    "--out_dir", str(out)])
@@ -322,13 +322,13 @@ def test_other_settings_refuse_to_resume_and_new_tokens_fit_the_context(clean_ru
 
     def evaluate(args):
         benchmarks = eval.load_benchmarks(args.data)
-        return eval.evaluate(tiny_model, benchmarks, args, rlep.setup_distributed(), args.out_dir)
+        return eval.evaluate(tiny_model, benchmarks, args, ranks.setup_distributed(), args.out_dir)
 
     args = parse("--k", "8")
     with pytest.raises(ValueError, match=r"other settings \(k\)"):
         evaluate(args)
     args = parse("--stop_token", "=")
-    assert eval.make_config(args, tiny_model, rlep.setup_distributed()).stop_token == "="
+    assert eval.make_config(args, tiny_model, ranks.setup_distributed()).stop_token == "="
     with pytest.raises(ValueError, match=r"other settings \(stop_token\)"):
         evaluate(args)
     # samples of the one-rule eval.py (no "rules" in settings.json, "correct" a plain list) are
@@ -343,7 +343,7 @@ def test_other_settings_refuse_to_resume_and_new_tokens_fit_the_context(clean_ru
     for prompt_len, expected in ((64, (64, 512 - 64)), (1024, (256, 256))):
         args = eval.parse_args(["--model", tiny_model, "--data", "x.jsonl",
                                 "--max_prompt_len", str(prompt_len)])
-        cfg = eval.make_config(args, tiny_model, rlep.setup_distributed())
+        cfg = eval.make_config(args, tiny_model, ranks.setup_distributed())
         assert (cfg.max_prompt_len, cfg.max_response_len) == expected
 
 
@@ -362,7 +362,7 @@ def test_a_folder_of_the_older_rule_name_resumes_without_sampling_again(clean_ru
     args = eval.parse_args(["--model", tiny_model, *data_args(data_files), *sampling,
                             "--out_dir", str(out)])
     benchmarks = eval.load_benchmarks(args.data)
-    results, engine = eval.evaluate(tiny_model, benchmarks, args, rlep.setup_distributed(),
+    results, engine = eval.evaluate(tiny_model, benchmarks, args, ranks.setup_distributed(),
                                     str(out))
     # every problem was done: no engine was built
     assert engine is None
@@ -399,16 +399,16 @@ def test_compare_prints_rlep_comparison_table_and_draws_a_panel_per_metric(tmp_p
     write_metrics(tmp_path / "seed3" / "phase1" / "metrics.jsonl", {"val_acc": [0.10, 0.50, 0.40]})
     runs = [str(tmp_path / name) for name in ("seed1", "seed2", "seed3")]
     panels = {}
-    real_save_plot = data.save_plot
+    real_save_plot = report.save_plot
 
     def recording_save_plot(path, p, label):
         panels.update(p)
         return real_save_plot(path, p, label)
 
-    monkeypatch.setattr(data, "save_plot", recording_save_plot)
+    monkeypatch.setattr(report, "save_plot", recording_save_plot)
     eval.main(["--compare", *runs, "--out_dir", str(tmp_path / "out")])
     printed = capsys.readouterr().out
-    assert data.comparison_table(runs) in printed
+    assert report.comparison_table(runs) in printed
     # by hand: the peak is the earliest highest point; "reaches it at" the first RLEP step at or
     # above it
     hand_rows = [
@@ -435,5 +435,5 @@ def test_compare_prints_rlep_comparison_table_and_draws_a_panel_per_metric(tmp_p
         ("seed3 baseline", steps(3), [0.10, 0.50, 0.40], "--", 2)]
     assert [line[0] for line in panels["val_acc/amc23"]] == ["seed1 baseline", "seed1 RLEP"]
     assert panels["val_acc/aime24"][1][2] == [0.0, 0.20, 0.10, 0.30, 0.25]
-    with pytest.raises(data.UserError, match="empty: no val_acc"):
+    with pytest.raises(errors.UserError, match="empty: no val_acc"):
         eval.main(["--compare", str(tmp_path / "empty"), "--out_dir", str(tmp_path / "out")])

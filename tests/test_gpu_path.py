@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import data
+from machinery import data, ranks, vllm_engine
 import rlep
 
 
@@ -63,7 +63,7 @@ class SleepingLLM:
 
 @pytest.fixture
 def sleeping(tiny_engine):
-    return rlep.Engine(SleepingLLM(tiny_engine.llm), sleeps=True)
+    return vllm_engine.Engine(SleepingLLM(tiny_engine.llm), sleeps=True)
 
 
 def test_training_through_the_gpu_call_sequence_keeps_the_logprob_gap_at_float32_level(
@@ -72,7 +72,7 @@ def test_training_through_the_gpu_call_sequence_keeps_the_logprob_gap_at_float32
                              "--save_every", "9"])
     cfg.phase1_steps = 3
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    d = rlep.setup_distributed()
+    d = ranks.setup_distributed()
     rows = data.read_rows(cfg.train_file)
     val_rows = data.read_rows(cfg.val_file)[:8]
     sleeping.sleep()  # as main() does: the trainer gets the memory first

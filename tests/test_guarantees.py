@@ -22,16 +22,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
-import checks
-import data
+from machinery import checkpoints, collate, disk, errors, models, ranks, vllm_engine
 import eval
-import machinery
 import rlep
 import verify
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 cpu = torch.device("cpu")
-single = rlep.Dist(False, 0, 1, cpu, True)
+single = ranks.Dist(False, 0, 1, cpu, True)
 # the tiny tokenizer spells text one character a token, and its chat template is Qwen's
 chat_tail = "<|im_end|>\n<|im_start|>assistant\n"
 
@@ -129,7 +127,7 @@ def test_the_first_update_is_the_token_mean_policy_gradient(tiny_model):
     policy, optimizer = rlep.build_policy(tiny_model, cfg, single)
     groups = fixed_groups(two_prompts, 2)
     samples = [s for g in groups for s in g]
-    batch = machinery.collate(samples, 0, cpu)
+    batch = collate.collate(samples, 0, cpu)
     logprobs = policy(batch)
     advantages = torch.tensor([s.advantage for s in samples])
     (-(advantages[:, None] * logprobs * batch["completion_mask"]).sum() / 36).backward()
@@ -189,7 +187,7 @@ class VerdictEngine:
         for prompt in prompts:
             i = int(re.search(r"q(\d+)", self.tokenizer.decode(prompt)).group(1))
             texts = [f"Answer: {10 + i if j < val_right[i] else 99}" for j in range(n)]
-            out.append([rlep.Completion(self.tokenizer.encode(t), None) for t in texts])
+            out.append([vllm_engine.Completion(self.tokenizer.encode(t), None) for t in texts])
         return out
 
 
@@ -206,7 +204,7 @@ def on_two_ranks(rank, port, model_path, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
-    d = rlep.Dist(True, rank, 2, cpu, rank == 0)
+    d = ranks.Dist(True, rank, 2, cpu, rank == 0)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     cfg = tiny("--val_k", "4", "--verify_mode", "dapo", "--prompt_template", "{problem}",
                "--n", "2", "--replay_m", "2", "--micro_batch_size", "3")
@@ -295,14 +293,14 @@ def kill_saves(model_path, out):
     optimizer.step()  # AdamW's moments exist
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     base = os.path.join(out, "base")
-    data.save_checkpoint(os.path.join(base, "phase1"), 2, policy, optimizer, tokenizer, cfg,
+    checkpoints.save(os.path.join(base, "phase1"), 2, policy, optimizer, tokenizer, cfg,
                          single)
     state = write_events(out)
 
     def save(run):
         shutil.copytree(base, run)
         state["active"] = True
-        data.save_checkpoint(os.path.join(run, "phase1"), 4, policy, optimizer, tokenizer, cfg,
+        checkpoints.save(os.path.join(run, "phase1"), 4, policy, optimizer, tokenizer, cfg,
                              single)
         state["active"] = False
     save(os.path.join(out, "whole"))
@@ -370,11 +368,11 @@ def test_a_save_or_prune_killed_at_any_write_leaves_only_whole_checkpoints(tiny_
         steps_seen.add(tuple(steps))
         assert steps in ([2], [4], [2, 4]), (k, events[k - 1], steps)
         assert eval.run_checkpoints(run) == [os.path.join(part, n) for n in folders]
-        step, ckpt = data.latest_checkpoint(part)
+        step, ckpt = checkpoints.latest_checkpoint(part)
         assert (step, ckpt) == (steps[-1], os.path.join(part, folders[-1]))
         assert torch.load(os.path.join(ckpt, "trainer_state.pt"))["step"] == step
         # what the kill left is removed at the next start
-        data.remove_leftovers(run)
+        checkpoints.remove_leftovers(run)
         assert sorted(os.listdir(part)) == folders
     # kills before the rename, between it and the prune, and in the prune
     assert steps_seen == {(2,), (2, 4), (4,)}
@@ -395,12 +393,12 @@ def test_a_stopped_saves_leftovers_count_as_free_and_go_only_after_the_checks(tm
 
     def disk_usage(path):
         return type("Usage", (), {"total": 1 << 40, "used": 1 << 40, "free": free["bytes"]})()
-    monkeypatch.setattr(checks.shutil, "disk_usage", disk_usage)
+    monkeypatch.setattr(disk.shutil, "disk_usage", disk_usage)
     flags = ["--preset", "tiny", "--out_dir", str(out), "--resume",
              "--cache_dir", os.path.dirname(tiny_model)]
     monkeypatch.setattr(rlep, "build_engine", lambda *a, **k: pytest.fail("built an engine"))
     # a full disk: the leftover's 64 bytes are the free space, and a refusal deletes nothing
-    with pytest.raises(data.UserError, match=r"^--out_dir .*: 64\.0 B free"):
+    with pytest.raises(errors.UserError, match=r"^--out_dir .*: 64\.0 B free"):
         rlep.main(flags)
     assert stopped.exists()
     # room enough: the checks pass, then the leftover goes before the engine starts
@@ -422,7 +420,6 @@ def test_a_stopped_saves_leftovers_count_as_free_and_go_only_after_the_checks(tm
 
 def test_a_built_in_model_built_twice_at_once_keeps_the_first_and_no_temporary(
         tmp_path, monkeypatch):
-    import builtin
     cache = tmp_path / "cache"
 
     def build(out_dir, mine="second"):
@@ -431,16 +428,16 @@ def test_a_built_in_model_built_twice_at_once_keeps_the_first_and_no_temporary(
         if mine == "second":  # the rival finishes while this one builds
             build(str(cache / "tiny.tmp1"), "first")
             os.replace(cache / "tiny.tmp1", cache / "tiny")
-    monkeypatch.setattr(builtin, "build_tiny_model", build)
-    assert builtin.resolve_model("builtin:tiny", str(cache)) == str(cache / "tiny")
+    monkeypatch.setattr(models, "build_tiny_model", build)
+    assert models.resolve_model("builtin:tiny", str(cache)) == str(cache / "tiny")
     assert open(cache / "tiny" / "weights").read() == "first"
     assert os.listdir(cache) == ["tiny"]
     # a rename that fails for another reason is not hidden
-    monkeypatch.setattr(builtin.os, "replace", lambda a, b: (_ for _ in ()).throw(
+    monkeypatch.setattr(models.os, "replace", lambda a, b: (_ for _ in ()).throw(
         PermissionError(a)))
-    monkeypatch.setattr(builtin, "build_tiny_model", lambda out_dir: os.makedirs(out_dir))
+    monkeypatch.setattr(models, "build_tiny_model", lambda out_dir: os.makedirs(out_dir))
     with pytest.raises(PermissionError):
-        builtin.resolve_model("builtin:tiny", str(tmp_path / "other"))
+        models.resolve_model("builtin:tiny", str(tmp_path / "other"))
 
 
 # -----------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM
 
-import builtin
+from machinery import models, ranks
 import rlep
 
 
@@ -29,7 +29,7 @@ def load(rank, port, model_dir, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=2)
-    d = rlep.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
+    d = ranks.Dist(True, rank, 2, torch.device("cpu"), rank == 0)
     cfg = rlep.parse_config(["--preset", "cpu"])
     policy, _ = rlep.build_policy(model_dir, cfg, d)
     peak = peak_rss_bytes()
@@ -51,7 +51,7 @@ def test_rank_zero_alone_reads_the_weights_and_every_rank_gets_them(tmp_path_fac
                                                                     free_port):
     cache = tmp_path_factory.mktemp("cache")
     model_dir = tmp_path_factory.mktemp("smollm2") / "bf16"
-    converted = AutoModelForCausalLM.from_pretrained(builtin.resolve_model("builtin:smollm2",
+    converted = AutoModelForCausalLM.from_pretrained(models.resolve_model("builtin:smollm2",
                                                                          str(cache)))
     converted.to(torch.bfloat16).save_pretrained(model_dir)
     del converted

@@ -1,7 +1,7 @@
 """Tests that pin the paper: every part of RLEP's method (arXiv 2507.07451) against values
 worked out here, by hand or from the paper's formula written out, so that an edit to the
 method fails a test. Unit-level calls on the tiny model; where a test is about what reaches
-vLLM, a recording stand-in takes the engine's place. tests/mutate.py edits the method on a
+vLLM, a recording stand-in takes the engine's place. tools/mutate.py edits the method on a
 copy of the repository and checks that these tests catch each edit.
 Run: python -m pytest -q tests/test_paper.py"""
 import inspect
@@ -16,14 +16,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import builtin
-import checks
-import data
+from machinery import checkpoints, data, disk, errors, precision, ranks, vllm_engine
 import rlep
 import verify
 
 cpu = torch.device("cpu")
-single = rlep.Dist(False, 0, 1, cpu, True)
+single = ranks.Dist(False, 0, 1, cpu, True)
 
 
 def tiny(*flags):
@@ -396,7 +394,8 @@ def half_right(problem, j):
 
 
 class StubEngine:
-    """rlep.Engine's methods, recording each call; generate answers with reply(problem, j)."""
+    """vllm_engine.Engine's methods, recording each call; generate answers with reply(problem,
+    j)."""
 
     def __init__(self, tokenizer, reply=half_right):
         self.tokenizer, self.reply = tokenizer, reply
@@ -412,7 +411,7 @@ class StubEngine:
         self.pushes.append(path)
 
     def generate(self, *args, **kwargs):
-        call = bound(rlep.Engine.generate, (self, *args), kwargs)
+        call = bound(vllm_engine.Engine.generate, (self, *args), kwargs)
         self.calls.append(call)
         out = []
         for prompt in call["prompts"]:
@@ -421,7 +420,7 @@ class StubEngine:
             for j in range(call["n"]):
                 ids = answer_ids(self.tokenizer, self.reply(problem, j))[:call["max_tokens"]]
                 logprobs = [-1.0] * len(ids) if call["logprobs"] else None
-                group.append(rlep.Completion(ids, logprobs))
+                group.append(vllm_engine.Completion(ids, logprobs))
             out.append(group)
         return out
 
@@ -556,7 +555,7 @@ def fake_checkpoint(part_dir, step, model_path, shift):
     with torch.no_grad():
         for p in model.parameters():
             p += shift
-    folder = data.checkpoint_path(str(part_dir), step)
+    folder = checkpoints.checkpoint_path(str(part_dir), step)
     model.save_pretrained(folder)
     AutoTokenizer.from_pretrained(model_path).save_pretrained(folder)
     torch.save({"step": step, "torch_rng": torch.get_rng_state()},
@@ -570,7 +569,7 @@ def test_the_collection_samples_collect_steps_checkpoint_with_its_k_t_and_top_p(
                "--collect_k", "6", "--collect_temperature", "0.55", "--collect_top_p", "0.85",
                "--min_successes", "3", "--prompts_per_step", "4")
     for step in (2, 4):
-        os.makedirs(data.checkpoint_path(str(tmp_path / "phase1"), step))
+        os.makedirs(checkpoints.checkpoint_path(str(tmp_path / "phase1"), step))
     rows = data.read_rows(cfg.train_file)[:6]
     rank = {row["problem"]: i for i, row in enumerate(rows)}
 
@@ -579,7 +578,7 @@ def test_the_collection_samples_collect_steps_checkpoint_with_its_k_t_and_top_p(
         return f"{j} so\nAnswer: {gold if j < rank[problem] else gold + 10}"
     engine = StubEngine(tokenizer, reply)
     rlep.collect(cfg, rows, engine, tokenizer, tokenizer.eos_token_id, single)
-    assert engine.pushes == [data.checkpoint_path(str(tmp_path / "phase1"), 2)]
+    assert engine.pushes == [checkpoints.checkpoint_path(str(tmp_path / "phase1"), 2)]
     assert engine.calls and sum(len(c["prompts"]) for c in engine.calls) == 6
     for call in engine.calls:
         assert (call["n"], call["temperature"], call["top_p"]) == (6, 0.55, 0.85)
@@ -596,7 +595,7 @@ def quiet_main(monkeypatch, tokenizer):
     """rlep.main with the stand-in engine and no speed measurement; returns the engine."""
     engine = StubEngine(tokenizer)
     monkeypatch.setattr(rlep, "build_engine", lambda *args, **kwargs: engine)
-    monkeypatch.setattr(builtin, "linear_gflops", lambda *args, **kwargs: 100.0)
+    monkeypatch.setattr(precision, "linear_gflops", lambda *args, **kwargs: 100.0)
     return engine
 
 
@@ -635,14 +634,14 @@ def test_phase_two_starts_from_the_base_models_weights(tmp_path, tiny_model, mon
 
 def no_disk(monkeypatch):
     usage = type("Usage", (), {"total": 1 << 40, "used": 1 << 40, "free": 0})()
-    monkeypatch.setattr(checks.shutil, "disk_usage", lambda path: usage)
+    monkeypatch.setattr(disk.shutil, "disk_usage", lambda path: usage)
 
 
 def test_main_checks_the_disk_before_it_builds_anything(tmp_path, tiny_model, monkeypatch,
                                                         quiet_main):
     no_disk(monkeypatch)
     monkeypatch.setattr(rlep, "build_engine", lambda *args, **kwargs: pytest.fail("built"))
-    with pytest.raises(data.UserError, match="B free"):
+    with pytest.raises(errors.UserError, match="B free"):
         rlep.main(["--preset", "tiny", "--out_dir", str(tmp_path / "run"),
                    "--cache_dir", os.path.dirname(tiny_model)])
 
@@ -651,7 +650,7 @@ def test_main_checks_the_disk_before_it_writes_anything(tmp_path, tiny_model, mo
                                                         quiet_main):
     no_disk(monkeypatch)
     out = tmp_path / "run"
-    with pytest.raises(data.UserError, match="B free"):
+    with pytest.raises(errors.UserError, match="B free"):
         rlep.main(["--preset", "tiny", "--out_dir", str(out),
                    "--cache_dir", os.path.dirname(tiny_model)])
     assert not out.exists() or not any(out.iterdir())

@@ -9,7 +9,7 @@ import collections
 import numpy as np
 import pytest
 
-import machinery
+from machinery import planner
 import rlep
 
 
@@ -21,7 +21,7 @@ def prompts_per_rank(positions, world_size):
 @pytest.mark.parametrize("world_size", [1, 2, 8, 16, 64])
 def test_every_rank_holds_the_same_prompts_in_each_mini_batch(world_size):
     # the paper's step: 512 prompts, mini-batches of 64 -> 8 updates
-    runs = machinery.plan_mini_batches(512, 8, epoch=0, seed=3)
+    runs = planner.plan_mini_batches(512, 8, epoch=0, seed=3)
     assert len(runs) == 8
     for positions in runs:
         assert prompts_per_rank(positions, world_size) == [64 // world_size] * world_size
@@ -30,7 +30,7 @@ def test_every_rank_holds_the_same_prompts_in_each_mini_batch(world_size):
 @pytest.mark.parametrize("world_size", [8, 16, 64])
 def test_nine_updates_split_the_prompts_as_evenly_as_possible(world_size):
     # RLEP: 512 x 18 sequences make 9 updates; 9 does not divide 512
-    for positions in machinery.plan_mini_batches(512, 9, epoch=0, seed=3):
+    for positions in planner.plan_mini_batches(512, 9, epoch=0, seed=3):
         counts = prompts_per_rank(positions, world_size)
         assert max(counts) - min(counts) <= 1
         assert len(positions) in (56, 57)
@@ -38,16 +38,16 @@ def test_nine_updates_split_the_prompts_as_evenly_as_possible(world_size):
 
 @pytest.mark.parametrize("epoch", [0, 1, 2])
 def test_an_epoch_covers_every_prompt_once(epoch):
-    runs = machinery.plan_mini_batches(40, 6, epoch=epoch, seed=11)
+    runs = planner.plan_mini_batches(40, 6, epoch=epoch, seed=11)
     covered = np.concatenate(runs)
     assert sorted(covered.tolist()) == list(range(40))
 
 
 def test_later_epochs_take_the_same_balanced_runs_in_another_order():
-    first = [tuple(r.tolist()) for r in machinery.plan_mini_batches(64, 8, epoch=0, seed=5)]
+    first = [tuple(r.tolist()) for r in planner.plan_mini_batches(64, 8, epoch=0, seed=5)]
     orders = set()
     for seed in range(6):
-        later = [tuple(r.tolist()) for r in machinery.plan_mini_batches(64, 8, epoch=1, seed=seed)]
+        later = [tuple(r.tolist()) for r in planner.plan_mini_batches(64, 8, epoch=1, seed=seed)]
         assert sorted(later) == sorted(first)
         orders.add(tuple(later))
     # seeded: not always the first epoch's order
@@ -61,7 +61,7 @@ def padded(micro, row_lengths):
 def test_fixed_micro_batches_are_balanced_runs_of_rows_in_order():
     # 7 rows of 5 tokens, 3 a micro-batch: 3 runs; the old split's [3, 3, 1] rows weighed
     # 15, 15, 5; balanced: 2, 3, 2 (10, 15, 10 tokens), heaviest first
-    split = machinery.split_micro_batches([5] * 7, 0, max_rows=3, max_tokens=0)
+    split = planner.split_micro_batches([5] * 7, 0, max_rows=3, max_tokens=0)
     assert split == [[2, 3, 4], [0, 1], [5, 6]]
 
 
@@ -69,17 +69,17 @@ def test_a_token_budget_split_is_balanced_by_hand():
     row_lengths = [30, 100, 60, 90, 40, 80]  # longest first: rows 1, 3, 5, 2, 4, 0
     # budget 300: rows 1, 3, 5 fill one (3 x 100); 80 + 60 + 40 + 30 would be 320, so the
     # rows need 2: [100, 90, 80] and [60, 40, 30]
-    assert machinery.split_micro_batches(row_lengths, 0, 8, 300) == [[1, 3, 5], [2, 4, 0]]
+    assert planner.split_micro_batches(row_lengths, 0, 8, 300) == [[1, 3, 5], [2, 4, 0]]
     # a busier rank needs 3: the old split ran 300 and 180 padded tokens and one idle
     # pass; an equal share is 400 / 3 = 133: [100] alone (200 is farther), then of the
     # rest's 150 a share [90, 80] (90 alone would leave 4 rows at 320 for 1), then the rest
-    split = machinery.split_micro_batches(row_lengths, 3, 8, 300)
+    split = planner.split_micro_batches(row_lengths, 3, 8, 300)
     assert split == [[3, 5], [2, 4, 0], [1]]  # 180, 180, 100 padded: heaviest first
     assert max(padded(m, row_lengths) for m in split) == 180
 
 
 def test_a_count_below_the_rows_needs_still_holds_every_row():
-    split = machinery.split_micro_batches([30, 100, 60, 90, 40, 80], 1, 8, 300)
+    split = planner.split_micro_batches([30, 100, 60, 90, 40, 80], 1, 8, 300)
     assert sorted(i for m in split for i in m) == list(range(6)) and len(split) == 2
 
 
@@ -87,17 +87,17 @@ def test_token_budget_micro_batches_hold_every_row_once_within_the_budget():
     rng = np.random.default_rng(0)
     row_lengths = rng.integers(200, 3200, 300).tolist()
     budget = 8 * 4096
-    fewest = len(machinery.split_micro_batches(row_lengths, 0, max_rows=8, max_tokens=budget))
+    fewest = len(planner.split_micro_batches(row_lengths, 0, max_rows=8, max_tokens=budget))
     for count in (0, fewest + 3, 299, 300, 400):
-        split = machinery.split_micro_batches(row_lengths, count, max_rows=8, max_tokens=budget)
+        split = planner.split_micro_batches(row_lengths, count, max_rows=8, max_tokens=budget)
         assert len(split) == min(max(count, fewest), 300)
         assert sorted(i for micro in split for i in micro) == list(range(300))
         for micro in split:
             assert padded(micro, row_lengths) <= budget or len(micro) == 1
     # longest first: similar lengths together, so padding is a small share
-    split = machinery.split_micro_batches(row_lengths, 0, max_rows=8, max_tokens=budget)
+    split = planner.split_micro_batches(row_lengths, 0, max_rows=8, max_tokens=budget)
     assert 1 - sum(row_lengths) / sum(padded(m, row_lengths) for m in split) < 0.10
-    fixed = machinery.split_micro_batches(row_lengths, 0, max_rows=8, max_tokens=0)
+    fixed = planner.split_micro_batches(row_lengths, 0, max_rows=8, max_tokens=0)
     assert 1 - sum(row_lengths) / sum(padded(m, row_lengths) for m in fixed) > 0.25
 
 
@@ -106,7 +106,7 @@ def test_fixed_micro_batches_keep_the_order_within_the_size():
     rng = np.random.default_rng(2)
     row_lengths = rng.integers(50, 900, 45).tolist()
     for count in (0, 7, 9, 44):
-        split = machinery.split_micro_batches(row_lengths, count, max_rows=8, max_tokens=0)
+        split = planner.split_micro_batches(row_lengths, count, max_rows=8, max_tokens=0)
         assert len(split) == max(count, 6)
         for micro in split:
             assert micro == list(range(micro[0], micro[-1] + 1)) and len(micro) <= 8
@@ -114,17 +114,17 @@ def test_fixed_micro_batches_keep_the_order_within_the_size():
 
 
 def test_a_rank_without_rows_has_no_micro_batch():
-    assert machinery.split_micro_batches([], 4, max_rows=8, max_tokens=0) == []
-    assert machinery.split_micro_batches([], 4, max_rows=8, max_tokens=100) == []
+    assert planner.split_micro_batches([], 4, max_rows=8, max_tokens=0) == []
+    assert planner.split_micro_batches([], 4, max_rows=8, max_tokens=100) == []
 
 
 def test_a_row_longer_than_the_budget_goes_alone():
-    split = machinery.split_micro_batches([10, 100, 10, 10], 0, max_rows=8, max_tokens=40)
+    split = planner.split_micro_batches([10, 100, 10, 10], 0, max_rows=8, max_tokens=40)
     assert split == [[1], [0, 2, 3]]
 
 
 def split_of(cfg):
-    return machinery.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
+    return planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
 
 
 def paper_sizes(num_prompts, seed, replays=False):
@@ -134,7 +134,7 @@ def paper_sizes(num_prompts, seed, replays=False):
     for p in range(num_prompts):
         samples = cfg.n + (int(rng.choice([1, cfg.replay_m])) if replays else 0)
         lengths = tuple(int(x) for x in rng.integers(300, 3400, samples))
-        sizes[p] = machinery.GroupSize(p, sum(lengths), lengths)
+        sizes[p] = planner.GroupSize(p, sum(lengths), lengths)
     return cfg, sizes
 
 
@@ -146,15 +146,15 @@ def dealt(sizes, world_size):
 def test_any_rank_plans_the_same_micro_batches_for_every_rank():
     cfg, sizes = paper_sizes(64, seed=1)
     sizes = dealt(sizes, 8)
-    positions = machinery.plan_mini_batches(64, 1, epoch=0, seed=0)[0]
-    plan = machinery.plan_micro_batches(positions, sizes, 8, split_of(cfg))
+    positions = planner.plan_mini_batches(64, 1, epoch=0, seed=0)[0]
+    plan = planner.plan_micro_batches(positions, sizes, 8, split_of(cfg))
     held = sorted(pair for micro_batches in plan for micro in micro_batches for pair in micro)
     assert held == sorted((p, i) for p in range(64) for i in range(cfg.n))
     # rows, not groups: a rank trains rows of prompts generated on other ranks
     assert any(len({p % 8 for micro in micro_batches for p, _ in micro}) > 1
                for micro_batches in plan)
     # deterministic: planned again, the same
-    assert plan == machinery.plan_micro_batches(positions, sizes, 8, split_of(cfg))
+    assert plan == planner.plan_micro_batches(positions, sizes, 8, split_of(cfg))
 
 
 @pytest.mark.parametrize("world_size", [2, 8, 64])
@@ -165,10 +165,10 @@ def test_every_rank_runs_the_same_passes_balanced_and_none_idles(world_size,
     sizes = dealt(sizes, world_size)
     cfg.micro_batch_tokens = micro_batch_tokens
     # RLEP's 9 runs of 56 or 57 prompts (the first 3): at W = 64 fewer prompts than ranks
-    for positions in machinery.plan_mini_batches(512, 9, epoch=0, seed=0)[:3]:
-        plan = machinery.plan_micro_batches(positions, sizes, world_size, split_of(cfg))
+    for positions in planner.plan_mini_batches(512, 9, epoch=0, seed=0)[:3]:
+        plan = planner.plan_micro_batches(positions, sizes, world_size, split_of(cfg))
         lengths = [n for p in positions for n in sizes[p].row_lengths]
-        fewest = len(machinery.split_micro_batches(lengths, 0, cfg.micro_batch_size,
+        fewest = len(planner.split_micro_batches(lengths, 0, cfg.micro_batch_size,
                                                    micro_batch_tokens))
         # no idle pass, and no more passes than the fewest the mini-batch needs over W
         assert {len(micro_batches) for micro_batches in plan} == {-(-fewest // world_size)}
@@ -190,9 +190,9 @@ def test_shared_prompts_keep_each_group_where_it_was_generated():
     cfg, sizes = paper_sizes(64, seed=2)
     # held where generated, not by position (dynamic sampling keeps groups of any rank)
     sizes = {p: g._replace(rank=p // 2 % 8) for p, g in sizes.items()}
-    split = machinery.Split(cfg.micro_batch_size, 0, share_prompts=True)
-    for positions in machinery.plan_mini_batches(64, 3, epoch=0, seed=0):
-        plan = machinery.plan_micro_batches(positions, sizes, 8, split)
+    split = planner.Split(cfg.micro_batch_size, 0, share_prompts=True)
+    for positions in planner.plan_mini_batches(64, 3, epoch=0, seed=0):
+        plan = planner.plan_micro_batches(positions, sizes, 8, split)
         for rank, micro_batches in enumerate(plan):
             held = sorted(pair for micro in micro_batches for pair in micro)
             assert held == [(p, i) for p in positions if p // 2 % 8 == rank
@@ -207,8 +207,8 @@ def test_one_rank_plans_the_split_of_the_whole_mini_batch():
     lengths = [n for p in positions for n in sizes[p].row_lengths]
     rows = [(p, i) for p in positions for i in range(len(sizes[p].row_lengths))]
     for split in (split_of(cfg), split_of(cfg)._replace(max_tokens=0)):
-        one = machinery.plan_micro_batches(positions, sizes, 1, split)[0]
-        alone = machinery.split_micro_batches(lengths, 0, split.max_rows, split.max_tokens)
+        one = planner.plan_micro_batches(positions, sizes, 1, split)[0]
+        alone = planner.split_micro_batches(lengths, 0, split.max_rows, split.max_tokens)
         assert one == [[rows[j] for j in micro] for micro in alone]
 
 

@@ -16,9 +16,7 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import checks
-import data
-import machinery
+from machinery import checkpoints, data, errors, planner, ranks, vllm_engine
 import rlep
 
 
@@ -65,9 +63,7 @@ def main_until_train(rank, argv):
     def no_reading(*args, **kwargs):
         raise AssertionError(f"rank {rank} opened a data file")
     if rank:
-        for module in (checks, data):
-            module.read_rows = no_reading
-        checks.load_pool = data.load_pool = no_reading
+        data.read_rows = data.load_pool = no_reading
     trained = []
     rlep.build_engine = lambda *args: EngineStandIn()
     rlep.train = lambda cfg, part, rows, *args, **kwargs: trained.append([r["id"] for r in rows])
@@ -89,8 +85,8 @@ def collect_until_push(rank, out_dir, model_path):
     0 and there for rank 1 (its os.path.isdir says so), then the other way round; what each
     call did."""
     cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", out_dir])
-    ckpt = data.checkpoint_path(os.path.join(out_dir, "phase1"), cfg.collect_step)
-    d = machinery.setup_distributed()
+    ckpt = checkpoints.checkpoint_path(os.path.join(out_dir, "phase1"), cfg.collect_step)
+    d = ranks.setup_distributed()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rows = data.read_rows(cfg.train_file)
     real_isdir = os.path.isdir
@@ -101,7 +97,7 @@ def collect_until_push(rank, out_dir, model_path):
         try:
             rlep.collect(cfg, rows, EngineStandIn(), tokenizer, tokenizer.eos_token_id, d)
             outcomes.append("returned")
-        except (Reached, data.UserError) as e:
+        except (Reached, errors.UserError) as e:
             outcomes.append(f"{type(e).__name__} {e}")
     return outcomes
 
@@ -110,7 +106,7 @@ def test_the_collection_starts_or_is_refused_as_rank_0_sees_the_checkpoint(
         tmp_path, tiny_model, free_port):
     out_dir = str(tmp_path / "run")
     ranks = run_on_two_ranks(collect_until_push, (out_dir, tiny_model), tmp_path, free_port)
-    ckpt = data.checkpoint_path(os.path.join(out_dir, "phase1"), 4)
+    ckpt = checkpoints.checkpoint_path(os.path.join(out_dir, "phase1"), 4)
     refused = f"UserError {ckpt}: phase one has no checkpoint at --collect_step 4"
     assert ranks[0] == ranks[1] == {"returned": [refused, "Reached "]}
 
@@ -121,11 +117,11 @@ def phase_two_until_train(rank, out_dir, model_path):
     def no_reading(*args, **kwargs):
         raise AssertionError(f"rank {rank} opened the pool")
     if rank:
-        rlep.load_pool = data.load_pool = no_reading
+        data.load_pool = data.load_pool = no_reading
     trained = []
     rlep.train = lambda cfg, part, rows, *args, **kwargs: trained.append([r["id"] for r in rows])
     cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", out_dir])
-    d = machinery.setup_distributed()
+    d = ranks.setup_distributed()
     rlep.phase_two(cfg, None, [], EngineStandIn(), None, 0, model_path, d, [])
     return trained
 
@@ -142,9 +138,9 @@ def test_phase_two_reads_the_collected_pool_on_rank_0_alone(tmp_path, tiny_model
 
 
 def exchange_a_tensor(rank):
-    d = machinery.setup_distributed()
+    d = ranks.setup_distributed()
     sample = rlep.Sample([1, 2], [3, 4], True, 1.0, old_logprobs=torch.zeros(2))
-    machinery.exchange([[(0, sample)], [(1, sample)]], d)
+    planner.exchange([[(0, sample)], [(1, sample)]], d)
     return "returned"
 
 
@@ -155,16 +151,16 @@ def test_a_row_carrying_a_tensor_is_refused_by_the_exchange(tmp_path, free_port)
         assert rank["message"].startswith("exchange: a row carries a tensor (torch.float32, cpu)")
     # rows of plain data cross, as before
     plain = rlep.Sample([1, 2], [3, 4], True, 1.0, vllm_logprobs=[-0.5, -0.25])
-    assert machinery.row_bytes([plain])
+    assert planner.row_bytes([plain])
 
 
 def push_weights(rank, model_path):
     """The weights an FSDP2-sharded policy pushes to a bf16 engine, and the dtypes its shards
     were gathered in."""
-    d = machinery.setup_distributed()
+    d = ranks.setup_distributed()
     cfg = rlep.parse_config(["--preset", "tiny", "--dtype", "bfloat16"])
     policy, _ = rlep.build_policy(model_path, cfg, d)
-    engine = machinery.Engine.__new__(machinery.Engine)  # what full_weights reads of one
+    engine = vllm_engine.Engine.__new__(vllm_engine.Engine)  # what full_weights reads of one
     engine.dtype = torch.bfloat16
     gathered = []
     full_tensor = DTensor.full_tensor

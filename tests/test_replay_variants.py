@@ -6,8 +6,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-import data
-import machinery
+from machinery import collate, data, files, ranks, step_metrics
 import rlep
 
 cpu = torch.device("cpu")
@@ -31,9 +30,9 @@ def test_rescued_counts_a_group_whose_fresh_samples_all_fail_and_a_replay_is_rig
     update = {"trained_tokens": 0, "trained_response_tokens": 0}
     groups = list(groups.values())
     visits = [rlep.visit(group) for group in groups]
-    gaps = rlep.logprob_gaps([s for g in groups for s in g])
-    counts = data.step_counts(groups, visits, gaps, tokenizer, cfg, [0], update)
-    record = data.step_record([counts])
+    gaps = step_metrics.logprob_gaps([s for g in groups for s in g])
+    counts = step_metrics.step_counts(groups, visits, gaps, tokenizer, cfg, [0], update)
+    record = step_metrics.step_record([counts])
     assert record["rescued"] == 1
     # of the three visits to pooled prompts (with replays), one was rescued
     assert record["rescued_frac"] == pytest.approx(1 / 3)
@@ -43,7 +42,7 @@ def test_rescued_counts_a_group_whose_fresh_samples_all_fail_and_a_replay_is_rig
                                          "replays": 2, "rescued": False}
     assert visits["no replays"]["replays"] == 0
     # summed over ranks
-    assert data.step_record([counts, counts])["rescued"] == 2
+    assert step_metrics.step_record([counts, counts])["rescued"] == 2
 
 
 def test_imitated_replays_take_no_advantage_and_their_loss_is_the_hand_computed_one(tiny_model):
@@ -74,12 +73,12 @@ def test_imitated_replays_take_no_advantage_and_their_loss_is_the_hand_computed_
     all_wrong = rlep.build_group(row, prompt, [wrong] * 4, tokenizer, cfg,
                                  tokenizer.eos_token_id, ["Answer: 7", "7\nAnswer: 7"])
     assert all(s.advantage == 0.0 for s in all_wrong)
-    d = rlep.Dist(False, 0, 1, cpu, True)
+    d = ranks.Dist(False, 0, 1, cpu, True)
     for coef in (1.0, 0.0):
         # no weight decay: with a zero gradient nothing may move
         cfg.replay_coef, cfg.lr, cfg.weight_decay = coef, 1e-3, 0.0
         policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
-        batch = machinery.collate(all_wrong[4:], 0, cpu)
+        batch = collate.collate(all_wrong[4:], 0, cpu)
         with torch.no_grad():
             before = (policy(batch) * batch["completion_mask"]).sum()
         stats, _ = rlep.ppo_update(policy, optimizer, {0: all_wrong}, 6, cfg, d, 0, seed=0)
@@ -100,10 +99,10 @@ def test_phase_two_on_all_prompts_visits_unpooled_ones_without_replays(tiny_mode
     train_rows = data.read_rows(cfg.train_file)
     pooled = train_rows[::4]
     pool = [{**row, "responses": [f"Answer: {row['answer']}"] * 3} for row in pooled]
-    d = rlep.setup_distributed()
+    d = ranks.setup_distributed()
     rlep.phase_two(cfg, pool, train_rows, tiny_engine, tokenizer, tokenizer.eos_token_id,
                    tiny_model, d, [])
-    rows = data.read_jsonl(str(tmp_path / "phase2" / "metrics.jsonl"))
+    rows = files.read_jsonl(str(tmp_path / "phase2" / "metrics.jsonl"))
     visits = [v for r in rows for v in r["visits"]]
     assert len(visits) == 3 * cfg.prompts_per_step
     in_pool = {row["id"] for row in pooled}

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import data
+from machinery import checkpoints, data, ranks
 import rlep
 import verify
 
@@ -105,12 +105,12 @@ def test_checkpoints_are_pruned_to_the_newest_and_the_collections(tmp_path, cach
     keeps step 2's weights for the collection, phase two only its newest checkpoint."""
     out = tmp_path / "pruned"
     run_rlep(out, cache_dir, "--keep_checkpoints", "1", "--collect_step", "2")
-    phase1_older = data.checkpoint_path(str(out / "phase1"), 2)
+    phase1_older = checkpoints.checkpoint_path(str(out / "phase1"), 2)
     assert os.path.isfile(os.path.join(phase1_older, "model.safetensors"))
     assert not os.path.exists(os.path.join(phase1_older, "optimizer"))
-    assert not os.path.exists(data.checkpoint_path(str(out / "phase2"), 2))
+    assert not os.path.exists(checkpoints.checkpoint_path(str(out / "phase2"), 2))
     for part in ("phase1", "phase2"):
-        newest = data.checkpoint_path(str(out / part), 4)
+        newest = checkpoints.checkpoint_path(str(out / part), 4)
         assert os.path.isdir(os.path.join(newest, "optimizer"))
     assert data.load_pool(str(out / "collect" / "pool.jsonl"))
 
@@ -124,7 +124,7 @@ def test_full_run_writes_config_checkpoints_and_metrics(full_run):
         # step 0: validation of the base model
         assert [r["step"] for r in rows] == list(range(steps + 1))
         assert all(0 <= r["val_acc"] <= 1 for r in rows if "val_acc" in r)
-        final = data.checkpoint_path(str(full_run / part), steps)
+        final = checkpoints.checkpoint_path(str(full_run / part), steps)
         assert json.load(open(os.path.join(final, "rlep_config.json")))["lr"] == cfg.lr
         AutoModelForCausalLM.from_pretrained(final)  # a plain Hugging Face folder
     phase1 = read_jsonl(full_run / "phase1" / "metrics.jsonl")
@@ -191,7 +191,7 @@ def test_phase_two_group_mixes_fresh_and_replayed_answers(tiny_model):
     assert len(draws) > 3  # drawn anew each time the prompt comes up
     # replays get their old log-probs from the current policy: with lr 0 every ratio is exactly 1
     cfg.lr = 0.0
-    d = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
+    d = ranks.Dist(False, 0, 1, torch.device("cpu"), True)
     policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
     stats, _ = rlep.ppo_update(policy, optimizer, {0: group}, 6, cfg, d, 0, seed=0)
     assert stats["ratio_mean"] == 1.0 and stats["clip_frac"] == 0.0 and stats["grad_norm"] > 0
@@ -246,7 +246,8 @@ def test_one_rank_and_two_ranks_train_the_same_weights(two_rank_run, full_run, t
         rows = read_jsonl(two_rank_run / part / "metrics.jsonl")[1:]
         # both engines got the weights
         assert len(rows) == 4 and all(r["logprob_gap_max"] < 1e-4 for r in rows)
-    one, two = (data.checkpoint_path(str(run / "phase1"), 2) for run in (full_run, two_rank_run))
+    one, two = (checkpoints.checkpoint_path(str(run / "phase1"), 2)
+                for run in (full_run, two_rank_run))
     # same prompts, same per-prompt seeds, the same global mini-batches: only float rounding differs
     assert read_jsonl(full_run / "phase1" / "metrics.jsonl")[1]["acc_fresh"] == \
         read_jsonl(two_rank_run / "phase1" / "metrics.jsonl")[1]["acc_fresh"]
@@ -274,8 +275,8 @@ def test_two_nodes_on_one_machine_match_two_ranks_on_one(tmp_path, cache_dir, tw
     assert all(node.returncode == 0 for node in nodes), "\n".join(e[-3000:] for e in errors)
     for part in ("phase1", "phase2"):
         assert [r["step"] for r in read_jsonl(out / part / "metrics.jsonl")] == [0, 1, 2, 3, 4]
-        assert_same_weights(data.checkpoint_path(str(out / part), 4),
-                            data.checkpoint_path(str(two_rank_run / part), 4))
+        assert_same_weights(checkpoints.checkpoint_path(str(out / part), 4),
+                            checkpoints.checkpoint_path(str(two_rank_run / part), 4))
 
 
 def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path, cache_dir,
@@ -297,8 +298,8 @@ def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path
     os.makedirs(out / "phase2" / "step_000004.tmp")
     run_rlep(out, cache_dir, "--resume")
     for part in ("phase1", "phase2"):
-        assert_same_weights(data.checkpoint_path(str(out / part), 4),
-                            data.checkpoint_path(str(full_run / part), 4))
+        assert_same_weights(checkpoints.checkpoint_path(str(out / part), 4),
+                            checkpoints.checkpoint_path(str(full_run / part), 4))
         assert read_jsonl(out / part / "metrics.jsonl")[-1]["step"] == 4
     assert (open(out / "collect" / "pool.jsonl").read()
             == open(full_run / "collect" / "pool.jsonl").read())
@@ -311,8 +312,8 @@ def test_resume_after_a_kill_on_two_ranks_matches_the_uninterrupted_run(tmp_path
                out / "phase2" / "step_000002" / "trainer_state.pt")
     run_rlep(out, cache_dir, "--no-share_prompts", "--resume", nproc=2)
     for part in ("phase1", "phase2"):
-        assert_same_weights(data.checkpoint_path(str(out / part), 4),
-                            data.checkpoint_path(str(two_rank_run / part), 4))
+        assert_same_weights(checkpoints.checkpoint_path(str(out / part), 4),
+                            checkpoints.checkpoint_path(str(two_rank_run / part), 4))
 
 
 def test_a_two_rank_run_resumes_on_one_rank(tmp_path, cache_dir, two_rank_run, tiny_model):
@@ -324,7 +325,7 @@ def test_a_two_rank_run_resumes_on_one_rank(tmp_path, cache_dir, two_rank_run, t
     shutil.copy(two_rank_run / "config.json", out / "config.json")
     run_rlep(out, cache_dir, "--no-share_prompts", "--phase", "1", "--resume")
     assert [r["step"] for r in read_jsonl(out / "phase1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]
-    one, two = (data.checkpoint_path(str(run / "phase1"), 4) for run in (out, two_rank_run))
+    one, two = (checkpoints.checkpoint_path(str(run / "phase1"), 4) for run in (out, two_rank_run))
     # float rounding only: the same moments, the same steps
     assert relative_gap(one, two, tiny_model) < 1e-4
     assert len(glob.glob(os.path.join(one, "optimizer", "*.distcp"))) == 1

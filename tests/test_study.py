@@ -1,4 +1,4 @@
-"""The replay study's analysis (tests/study_replay.py, docs/study-plan.md) on hand-made numbers:
+"""The replay study's analysis (studies/study_replay.py, docs/study-plan.md) on hand-made numbers:
 t quantiles and p-values (scipy's, and the plans' table), Holm's step-down and its intervals, the
 words of an interval, the mechanism on matched prompts and the compute charges, from
 metrics.jsonl files written here. No model, a few seconds; needs scipy, as the study does.
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "studies"))
 import study_replay as study  # noqa: E402
 
 
@@ -657,8 +658,8 @@ def run_main(monkeypatch, out, archive, *more, dtype="float32", on_run=None):
         if on_run:
             on_run(folder)
     monkeypatch.setattr(study, "run", run)
-    monkeypatch.setattr(study.builtin, "resolve_model", lambda *a, **k: "model")
-    monkeypatch.setattr(study.builtin, "resolve_dtype", lambda *a, **k: types.SimpleNamespace(
+    monkeypatch.setattr(study.models, "resolve_model", lambda *a, **k: "model")
+    monkeypatch.setattr(study.precision, "resolve_dtype", lambda *a, **k: types.SimpleNamespace(
         dtype=dtype, why="measured (a test)", gflops={}))
     monkeypatch.setattr(sys, "argv", ["study_replay.py", "--study", "dynamic", *tiny,
                                       "--seeds", "1", "2", "3", "--family_seeds", "1", "2",

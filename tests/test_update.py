@@ -13,8 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-import data
-import machinery
+from machinery import checkpoints, collate, planner, ranks
 import rlep
 
 cpu = torch.device("cpu")
@@ -46,7 +45,7 @@ def update(rank, world, port, model_path, cfg, groups, out):
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
-    d = rlep.Dist(world > 1, rank, world, cpu, rank == 0)
+    d = ranks.Dist(world > 1, rank, world, cpu, rank == 0)
     policy, optimizer = rlep.build_policy(model_path, cfg, d)
     mini_batch = cfg.mini_batch_prompts * cfg.n
     mine = copy.deepcopy(held(groups, rank, world))
@@ -90,7 +89,7 @@ def test_one_rank_and_two_ranks_make_the_same_update(tiny_model, tmp_path, free_
     update(0, 1, None, tiny_model, cfg, groups, tmp_path / "one.pt")
     mp.spawn(update, args=(2, free_port, tiny_model, cfg, groups, tmp_path / "two.pt"), nprocs=2)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
-    base_policy = rlep.build_policy(tiny_model, cfg, rlep.Dist(False, 0, 1, cpu, True))[0]
+    base_policy = rlep.build_policy(tiny_model, cfg, ranks.Dist(False, 0, 1, cpu, True))[0]
     base = base_policy.model.state_dict()
     moved = sum(((one["weights"][k] - base[k]) ** 2).sum() for k in base).sqrt()
     gap = sum(((one["weights"][k] - two["weights"][k]) ** 2).sum() for k in base).sqrt()
@@ -105,16 +104,16 @@ def test_one_rank_and_two_ranks_make_the_same_update(tiny_model, tmp_path, free_
 def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, monkeypatch):
     cfg = rlep.parse_config(["--preset", "tiny", "--lr", "0.02", "--epochs", "2",
                              "--mini_batch_prompts", "2", "--micro_batch_size", "6"])
-    d = rlep.Dist(False, 0, 1, cpu, True)
+    d = ranks.Dist(False, 0, 1, cpu, True)
     policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
     groups = make_groups(4, cfg.n, seed=5)
     # log π_θ at the start of the step, one sample at a time
     with torch.no_grad():
-        start = {id(s): policy(machinery.collate([s], 0, cpu))[0, :len(s.completion_ids)]
+        start = {id(s): policy(collate.collate([s], 0, cpu))[0, :len(s.completion_ids)]
                  for g in groups for s in g}
     collated = []
     old_used = []
-    real_collate = machinery.collate
+    real_collate = collate.collate
     real_loss = rlep.policy_loss
 
     def recording_collate(samples, *a, **k):
@@ -124,7 +123,7 @@ def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, m
     def recording_loss(lp, old, *a, **k):
         old_used.append(old)
         return real_loss(lp, old, *a, **k)
-    monkeypatch.setattr(machinery, "collate", recording_collate)
+    monkeypatch.setattr(planner, "collate", recording_collate)  # what the planner calls
     monkeypatch.setattr(rlep, "policy_loss", recording_loss)
     mini_batch = cfg.mini_batch_prompts * cfg.n
     stats, _ = rlep.ppo_update(policy, optimizer, dict(enumerate(groups)), mini_batch, cfg, d, 0,
@@ -142,15 +141,15 @@ def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, m
 
 def test_resume_hands_torch_a_cpu_rng_state(tiny_model, tmp_path, monkeypatch):
     cfg = rlep.parse_config(["--preset", "tiny"])
-    d = rlep.Dist(False, 0, 1, cpu, True)
+    d = ranks.Dist(False, 0, 1, cpu, True)
     policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
     rlep.ppo_update(policy, optimizer, dict(enumerate(make_groups(4, cfg.n, seed=2))), 64, cfg,
                     d, 0, seed=0)
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    data.save_checkpoint(str(tmp_path), 1, policy, optimizer, tokenizer, cfg, d)
-    ckpt = data.checkpoint_path(str(tmp_path), 1)
-    assert data.latest_checkpoint(str(tmp_path)) == (1, ckpt)
+    checkpoints.save(str(tmp_path), 1, policy, optimizer, tokenizer, cfg, d)
+    ckpt = checkpoints.checkpoint_path(str(tmp_path), 1)
+    assert checkpoints.latest_checkpoint(str(tmp_path)) == (1, ckpt)
     real_load = torch.load
     handed = []
 
@@ -163,7 +162,7 @@ def test_resume_hands_torch_a_cpu_rng_state(tiny_model, tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", device_load)
     monkeypatch.setattr(torch, "set_rng_state", handed.append)
     resumed, resumed_optimizer = rlep.build_policy(ckpt, cfg, d)
-    data.load_trainer_state(ckpt, resumed, resumed_optimizer)
+    checkpoints.load_trainer_state(ckpt, resumed, resumed_optimizer)
     assert len(handed) == 1 and handed[0].device.type == "cpu" and handed[0].dtype == torch.uint8
     for p, q in zip(policy.parameters(), resumed.parameters()):
         assert torch.equal(p, q)

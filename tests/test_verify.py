@@ -228,7 +228,7 @@ def test_text_never_reaches_sympys_parser():
     "Answer: ７\u202e\u200b½" + "\U0001d7d9" * 1000,
 ])
 def test_hostile_inputs_return_false(response):
-    """Their latency is measured by tests/bench_verify.py, not asserted here."""
+    """Their latency is measured by benchmarks/bench_verify.py, not asserted here."""
     assert verify(response, "2") is False
 
 

@@ -5,8 +5,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import data
-import machinery
+from machinery import collate, data, fsdp
 import rlep
 
 
@@ -23,9 +22,9 @@ def vllm_samples(engine, prompts, seed, temperature=1.0):
 
 
 def max_logprob_gap(model, samples, temperature=1.0):
-    batch = machinery.collate(samples, pad_id=0, device="cpu", share_prompts=True)
+    batch = collate.collate(samples, pad_id=0, device="cpu", share_prompts=True)
     with torch.no_grad():
-        ours = machinery.TokenLogProbs(model, temperature)(batch)  # (B, T)
+        ours = fsdp.TokenLogProbs(model, temperature)(batch)  # (B, T)
     return max(abs(ours[i, t].item() - lp)
                for i, s in enumerate(samples) for t, lp in enumerate(s.vllm_logprobs))
 
@@ -47,8 +46,8 @@ def test_vllm_logprobs_match_trainer_before_and_after_push(engine, tiny_model):
     # change the weights a lot, push, and check that vLLM now samples from the new weights
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(3):
-        batch = machinery.collate(samples, pad_id=0, device="cpu")
-        (-machinery.TokenLogProbs(model, 1.0)(batch).sum()).backward()
+        batch = collate.collate(samples, pad_id=0, device="cpu")
+        (-fsdp.TokenLogProbs(model, 1.0)(batch).sum()).backward()
         optimizer.step()
         optimizer.zero_grad()
     # the old vLLM log-probs no longer describe the trained model

@@ -12,8 +12,7 @@ import sys
 import pytest
 from transformers import AutoTokenizer
 
-import builtin
-import data
+from machinery import files, precision
 import rlep
 from test_paper import StubEngine
 
@@ -56,7 +55,7 @@ def history(out_dir):
 
 
 def test_without_a_project_wandb_is_never_imported():
-    code = ("import sys, rlep, data, eval; rlep.parse_config([]); "
+    code = ("import sys, rlep, eval, machinery.step_metrics; rlep.parse_config([]); "
             "print('wandb' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
                          text=True, check=True).stdout
@@ -79,7 +78,7 @@ def test_the_offline_run_holds_the_numbers_of_metrics_jsonl(tmp_path, tiny_model
     monkeypatch.setenv("WANDB_SILENT", "true")
     engine = StubEngine(AutoTokenizer.from_pretrained(tiny_model))
     monkeypatch.setattr(rlep, "build_engine", lambda *args, **kwargs: engine)
-    monkeypatch.setattr(builtin, "linear_gflops", lambda *args, **kwargs: 100.0)
+    monkeypatch.setattr(precision, "linear_gflops", lambda *args, **kwargs: 100.0)
     monkeypatch.setattr(rlep, "base_scores", {})
     out = tmp_path / "run"
     flags = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
@@ -94,7 +93,7 @@ def test_the_offline_run_holds_the_numbers_of_metrics_jsonl(tmp_path, tiny_model
     assert len(runs) == 2 and all(path.endswith(run_id) for path in runs)
     logged = history(str(out))
     for part in ("phase1", "phase2"):
-        expected = data.read_jsonl(str(out / part / "metrics.jsonl"))
+        expected = files.read_jsonl(str(out / part / "metrics.jsonl"))
         got = {}  # the last logged row of each step (a resumed step is logged again)
         for row in logged:
             if f"{part}/step" in row:

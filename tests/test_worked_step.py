@@ -1,19 +1,23 @@
-"""docs/worked-step.md cannot go stale: the step it shows is run again (tests/worked_step.py's
+"""docs/worked-step.md cannot go stale: the step it shows is run again (tools/worked_step.py's
 run_step, on the shared engine) and every number the page prints must be the run's, to the digits
 shown but for another CPU's rounding (5 in the last digit, 0.1 %); the run's numbers must also obey
 the rules written out here by hand, independently of rlep.py: the advantage, the ratio, the clip
 decisions, the loss. Run:
     python -m pytest -q tests/test_worked_step.py
 If the first test fails after a change to rlep.py that is meant: regenerate the page with
-    OMP_NUM_THREADS=1 python tests/worked_step.py"""
+    OMP_NUM_THREADS=1 python tools/worked_step.py"""
 import decimal
 import math
+import os
 import re
 import statistics
+import sys
 
 import pytest
 
-import worked_step
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "tools"))
+import worked_step  # noqa: E402
 
 
 runs = {}
@@ -85,7 +89,7 @@ def test_the_group_follows_the_rules_by_hand(numbers):
     assert len(samples) == n + m and [s["replay"] for s in samples] == [False] * n + [True] * m
     # the shown prompt is a rescue: every fresh answer wrong, the replays right
     assert group["rescued"], ("the off-policy mini-batch holds no rescue any more: choose "
-                              "another shown_step in tests/worked_step.py")
+                              "another shown_step in tools/worked_step.py")
     assert not any(s["correct"] for s in samples[:n]) and all(s["correct"] for s in samples[n:])
     # the replays are the drawn pool answers, ended like fresh responses
     assert [s["text"] for s in samples[n:]] == [f"{text}<|im_end|>" for text in group["drawn"]]

@@ -19,11 +19,11 @@ resumed, so a stopped study continues where it stopped; a run in another dtype o
 aside and run again. It prints its expected time at the start. A finished run's checkpoints
 are deleted (its metrics stay).
 
-    python tests/study_replay.py --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 --dtype bfloat16 \
+    python studies/study_replay.py --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 --dtype bfloat16 \
         --out_dir runs/study-cpu-hard-offpolicy
-    python tests/study_replay.py --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 --dtype bfloat16 \
+    python studies/study_replay.py --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 --dtype bfloat16 \
         --out_dir runs/study-cpu-hard-offpolicy --report_only
-    python tests/study_replay.py --preset tiny --seeds 1 2 --val_k 4   # the script, in minutes
+    python studies/study_replay.py --preset tiny --seeds 1 2 --val_k 4   # the script, in minutes
 
 --study dynamic (docs/study-plan-dynamic.md): replay against DAPO's dynamic sampling. Per seed
 of --seeds, A1, A3 (seedS) and A5 (seedS-A5) as above; on the seeds of --family_seeds also
@@ -37,9 +37,9 @@ rescues; the curves against the responses generated from π_θ0 (compute.png) an
 differences at equal responses (raw); the metering of generation; each arm's first start
 against the plan's commit; forest.png, curves.png, compute.png.
 
-    python tests/study_replay.py --study dynamic --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 9 \
+    python studies/study_replay.py --study dynamic --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 9 \
         10 11 12 13 14 15 16 --dtype float32 --out_dir runs/study-dynamic
-    python tests/study_replay.py --study dynamic --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 9 \
+    python studies/study_replay.py --study dynamic --preset cpu-hard --seeds 1 2 3 4 5 6 7 8 9 \
         10 11 12 13 14 15 16 --dtype float32 --out_dir runs/study-dynamic --report_only
 
 Across sittings (--archive DIR): runs/ is not kept, so each run, as soon as it has finished, is
@@ -88,8 +88,8 @@ from scipy import stats
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
 import rlep  # noqa: E402
-import builtin  # noqa: E402
-import data  # noqa: E402
+from machinery import data, models, precision  # noqa: E402
+from machinery.files import read_jsonl  # noqa: E402
 
 # arm -> (label, folder suffix, part whose curve it is)
 arms = {"A1": ("baseline, all prompts", "", "phase1"),
@@ -292,7 +292,7 @@ def expected_seconds(out: str, seed_runs: dict, preset: str) -> float:
 
 def curve(folder: str, part: str, steps: int) -> tuple:
     """(steps, val_acc, metrics rows, {kind: val_acc}) of a part, up to `steps`."""
-    rows = [r for r in data.read_jsonl(os.path.join(folder, part, "metrics.jsonl"))
+    rows = [r for r in read_jsonl(os.path.join(folder, part, "metrics.jsonl"))
             if r["step"] <= steps]
     points = [r for r in rows if "val_acc" in r]
     kinds = {k[len("val_acc/"):]: np.array([r[k] for r in points])
@@ -554,7 +554,7 @@ def arm_costs(out: str, seed: int, found: dict, cfg, arm_names, pooled=None) -> 
         charged = {"before": 0, "collection": 0, "tokens": own["tokens"]}
         if (arm != "A1") if pooled is None else (arm in pooled):
             collection = os.path.join(main + ("-A6" if arm == "A6" else ""), "collect")
-            tried = data.read_jsonl(os.path.join(collection, "progress.jsonl"))
+            tried = read_jsonl(os.path.join(collection, "progress.jsonl"))
             charged = {"before": before["responses"], "collection": len(tried) * cfg.collect_k,
                        "tokens": own["tokens"] + before["tokens"]
                        + sum(t.get("tokens", 0) for t in tried)}
@@ -648,7 +648,7 @@ def pools_lines(out: str, found: dict, seeds: list, replay_arms: list, cfg) -> l
              "|---" * (len(replay_arms) + 2) + "|"]
     for s in seeds:
         main = os.path.join(out, f"seed{s}")
-        cells = [f"{len(data.read_jsonl(os.path.join(main, 'collect', 'pool.jsonl')))}"]
+        cells = [f"{len(read_jsonl(os.path.join(main, 'collect', 'pool.jsonl')))}"]
         for arm in replay_arms:
             if (s, arm) not in found:
                 cells.append("-")
@@ -665,8 +665,8 @@ def provenance(plan: str = "docs/study-plan.md") -> str:
         done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
         return done.stdout.strip() if done.returncode == 0 else "?"
     commit = git("log", "-1", "--format=%h %cs", "--", plan) or "uncommitted"
-    changed = git("status", "--porcelain", "--", "rlep.py", "data.py", "builtin.py", "verify.py",
-                  "tests/study_replay.py", plan)
+    changed = git("status", "--porcelain", "--", "rlep.py", "machinery", "verify.py",
+                  "studies/study_replay.py", plan)
     state = "as committed" if not changed else "with uncommitted changes"
     return f"plan {plan} at {commit}; code at {git('rev-parse', '--short', 'HEAD')} " \
            f"({state})"
@@ -1111,7 +1111,7 @@ def seed1_lines(out: str, found: dict, cfg, results: dict) -> list[str]:
     horizon = cfg.phase2_steps
     pool = os.path.join(out, "seed1", "collect", "pool.jsonl")
     measured = {arm: rescues(found[1, arm][2]) for arm in ("A3", "A5")}
-    pool_size = len(data.read_jsonl(pool))
+    pool_size = len(read_jsonl(pool))
     check = seed1_check(pool_size, measured) if cfg.preset == "cpu-hard" else \
         f"not checked: the published numbers are preset cpu-hard's, these {cfg.preset}'s"
     results["seed1"] = {"pool": pool_size, **{a: [r, 100 * f] for a, (r, f) in
@@ -1366,13 +1366,13 @@ def run_document(folder: str, full_pool: bool) -> dict:
              for name in ("config.json", "timings.json")}
     for path in sorted(glob.glob(os.path.join(folder, "*", "metrics.jsonl"))):
         if not os.path.islink(os.path.dirname(path)):
-            files[os.path.relpath(path, folder)] = data.read_jsonl(path)
+            files[os.path.relpath(path, folder)] = read_jsonl(path)
     progress, pool = (os.path.join(folder, "collect", f) for f in ("progress.jsonl", "pool.jsonl"))
     if os.path.isfile(progress):
         files["collect/progress.jsonl"] = [{"id": r["id"], "tokens": r.get("tokens", 0)}
-                                           for r in data.read_jsonl(progress)]
+                                           for r in read_jsonl(progress)]
     if os.path.isfile(pool):
-        rows = data.read_jsonl(pool)
+        rows = read_jsonl(pool)
         files["collect/pool.jsonl"] = rows if full_pool else reduced_pool(rows)
     form = ("full" if full_pool else "reduced") if os.path.isfile(pool) else ""
     logged = first_start(folder)
@@ -1644,8 +1644,8 @@ def main():
     start = time.time()
     if not args.report_only:
         # rlep.py measures the dtype per run; a busy machine could flip one run's choice
-        model_path = builtin.resolve_model(cfg.model_path, cfg.cache_dir, build=True)
-        choice = builtin.resolve_dtype(args.dtype, torch.device("cpu"), model_path)
+        model_path = models.resolve_model(cfg.model_path, cfg.cache_dir, build=True)
+        choice = precision.resolve_dtype(args.dtype, torch.device("cpu"), model_path)
         speeds = ", ".join(f"{k} {v:.0f}" for k, v in choice.gflops.items())
         why = choice.why if "measured" in choice.why else f"{choice.why}; GFLOP/s here: {speeds}"
         print(f"every run in {choice.dtype} ({why})", flush=True)

@@ -3,7 +3,7 @@ rlep.py's exact one.
 
     # about a second; the same as --seed 0 --sigma 0.7 --median 1100 --ranks 64 --mini_batch 1024
     # --max_token_len 4096 --trials 200
-    .venv/bin/python tests/bench_loss_weights.py
+    .venv/bin/python benchmarks/bench_loss_weights.py
 
 docs/paper.md, deviation 2. The authors' verl fork (Kwai-Klear/RLEP, recipe/rlep: token-mean,
 use_dynamic_bsz, 64 GPUs, 64 prompts x 16 answers per mini-batch, ppo_max_token_len_per_gpu 4096)

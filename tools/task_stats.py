@@ -4,9 +4,9 @@ much of the training set its pool covers and how often phase two's fresh samples
 pooled prompt while a replay is right (a rescue).
 
     # the base model: k samples at T = 1.0 for every training problem, by data_source
-    python tests/task_stats.py --preset cpu-hard --k 8
+    python tools/task_stats.py --preset cpu-hard --k 8
     # a run folder: the pool's coverage and the rescues of phase two's first steps
-    python tests/task_stats.py --run_dir runs/calibrate --steps 3
+    python tools/task_stats.py --run_dir runs/calibrate --steps 3
 """
 import argparse
 import collections
@@ -19,17 +19,16 @@ import numpy as np
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
 import rlep  # noqa: E402  (sets vLLM's environment before torch is imported)
-import builtin  # noqa: E402
-import data  # noqa: E402
+from machinery import data, files, models, precision, ranks  # noqa: E402
 
 
 def base_model_table(cfg: rlep.Config, k: int):
     """Per kind: mean and median per-problem accuracy, share of problems with 0 and >= 2 of k
     right; the base model samples as in training (T = cfg.temperature)."""
     from transformers import AutoTokenizer
-    d = rlep.setup_distributed()
-    model_path = builtin.resolve_model(cfg.model_path, cfg.cache_dir)
-    cfg.dtype = builtin.resolve_dtype(cfg.dtype, d.device, model_path).dtype
+    d = ranks.setup_distributed()
+    model_path = models.resolve_model(cfg.model_path, cfg.cache_dir)
+    cfg.dtype = precision.resolve_dtype(cfg.dtype, d.device, model_path).dtype
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rows = data.read_rows(cfg.train_file)
     engine = rlep.build_engine(cfg, model_path, d)
@@ -56,7 +55,7 @@ def run_table(run_dir: str, steps: int):
     """The pool's coverage of the training prompts (by kind) and phase two's rescues per step."""
     cfg = json.load(open(os.path.join(run_dir, "config.json")))
     rows = data.read_rows(cfg["train_file"])
-    pool = {row["id"] for row in data.read_jsonl(os.path.join(run_dir, "collect", "pool.jsonl"))}
+    pool = {row["id"] for row in files.read_jsonl(os.path.join(run_dir, "collect", "pool.jsonl"))}
     kinds = collections.defaultdict(lambda: [0, 0])
     for row in rows:
         kind = kinds[row.get("data_source", "all")]
@@ -67,7 +66,7 @@ def run_table(run_dir: str, steps: int):
           f">= {cfg['min_successes']} verified, phase-one step {cfg['collect_step']}) covers "
           f"{len(pool)} of {len(rows)} training prompts ({100 * len(pool) / len(rows):.0f} %): "
           f"{covered}")
-    metrics = [r for r in data.read_jsonl(os.path.join(run_dir, "phase2", "metrics.jsonl"))
+    metrics = [r for r in files.read_jsonl(os.path.join(run_dir, "phase2", "metrics.jsonl"))
                if 0 < r["step"] <= steps]
     rescued = sum(r["rescued"] for r in metrics)
     pooled = sum(v["replays"] > 0 for r in metrics for v in r["visits"])

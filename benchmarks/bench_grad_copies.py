@@ -1,7 +1,7 @@
 """Why rlep.py sums gradients with one all_reduce per optimizer step instead of wrapping in DDP.
 
-    OMP_NUM_THREADS=1 python tests/bench_grad_copies.py ddp    # DDP with bucket views and no_sync
-    OMP_NUM_THREADS=1 python tests/bench_grad_copies.py plain  # what rlep.py does
+    OMP_NUM_THREADS=1 python benchmarks/bench_grad_copies.py ddp    # DDP, bucket views, no_sync
+    OMP_NUM_THREADS=1 python benchmarks/bench_grad_copies.py plain  # what rlep.py does
 
 It prints the bytes of the distinct storages behind the gradients of a 256 MiB fp32 model (what a
 GPU allocator would hold), on a one-rank gloo group. With DDP, a mini-batch that starts from grads

@@ -6,11 +6,12 @@ tokens per second, the training step's model GFLOP/s against that measured throu
 time table, its wall time and peak resident memory.
 
     # the whole default run
-    python tests/bench_cpu_preset.py --out_dir runs/bench
+    python benchmarks/bench_cpu_preset.py --out_dir runs/bench
     # a part of it
-    python tests/bench_cpu_preset.py --out_dir runs/b -- --phase 1 --phase1_steps 2 --val_every 0
+    python benchmarks/bench_cpu_preset.py --out_dir runs/b -- --phase 1 --phase1_steps 2 \
+        --val_every 0
     # a finished run folder (no wall time or memory)
-    python tests/bench_cpu_preset.py --summarize runs/cpu
+    python benchmarks/bench_cpu_preset.py --summarize runs/cpu
 
 To see an AVX2-only CPU's speed on a newer one, run it with `ATEN_CPU_CAPABILITY=avx2
 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` (torch, oneDNN and MKL then use AVX2 kernels
@@ -51,11 +52,11 @@ def cpu_line() -> str:
 
 def model_weights(cfg: dict) -> tuple[int, int]:
     """(matmul weights of the decoder layers, LM head weights) of the run's model."""
-    import builtin
+    from machinery import models
     from transformers import AutoConfig
-    path = builtin.resolve_model(cfg["model_path"], os.path.join(repo, cfg["cache_dir"]), False)
+    path = models.resolve_model(cfg["model_path"], os.path.join(repo, cfg["cache_dir"]), False)
     if not os.path.isdir(path):
-        path = builtin.resolve_model(cfg["model_path"], cfg["cache_dir"], False)
+        path = models.resolve_model(cfg["model_path"], cfg["cache_dir"], False)
     c = AutoConfig.from_pretrained(path)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     attention = c.hidden_size * head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)

@@ -2,9 +2,9 @@
 repository, must make the fast tests fail ("killed"). A mutation whose pattern no longer
 occurs exactly once is reported stale (the code moved: update its pattern), never passed.
 
-    python tests/mutate.py              # every mutation: one line each, then the total
-    python tests/mutate.py NAME ...     # only these
-    python tests/mutate.py --list
+    python tools/mutate.py              # every mutation: one line each, then the total
+    python tools/mutate.py NAME ...     # only these
+    python tools/mutate.py --list
 
 A mutation runs the fast tests, or the tests it names (a file or a pytest node id each): the
 unmutated copy must pass those of the mutations chosen. Its edit is one (pattern, replacement),
@@ -102,7 +102,7 @@ mutations = [
     ("collection top-p ignored", "rlep.py", "top_p=cfg.collect_top_p,", "top_p=cfg.top_p,"),
     ("min_successes ignored", "rlep.py", 'if len(successes[row["id"]]) >= cfg.min_successes]',
      'if len(successes[row["id"]]) >= 1]'),
-    ("collection keeps unverified answers", "data.py",
+    ("collection keeps unverified answers", "machinery/data.py",
      'right = [t for t, ok in zip(record["responses"], record["correct"]) if ok]',
      'right = list(record["responses"])'),
     # validation
@@ -137,7 +137,7 @@ mutations = [
     # the preset and main
     ("paper preset: collect_k 32", "rlep.py", "collect_k: int = 64", "collect_k: int = 32"),
     ("paper preset: warm-up 5", "rlep.py", "warmup_steps: int = 10", "warmup_steps: int = 5"),
-    ("disk check removed from the start checks", "checks.py",
+    ("disk check removed from the start checks", "machinery/checks.py",
      "check_disk(cfg, model_path, len(train_rows), world_size)", "pass"),
     # issue 40: what the suite let change (tests/test_guarantees.py)
     ("long prompts cut from their end", "rlep.py", '["input_ids"][-max_len:]',
@@ -150,17 +150,17 @@ mutations = [
     ("no generation prompt", "rlep.py", "add_generation_prompt=True,",
      "add_generation_prompt=False,",
      [guarantees + "test_a_long_prompt_keeps_its_end_and_loses_its_start"]),
-    ("N without the replays' tokens", "machinery.py",
+    ("N without the replays' tokens", "machinery/planner.py",
      "response_tokens = sum(len(s.completion_ids) for s in group)",
      "response_tokens = sum(len(s.completion_ids) for s in group if not s.replay)",
      [guarantees + "test_n_counts_the_replays_tokens"]),
     # the planner: rows dealt to the ranks, as many passes on each
-    ("passes rounded down", "machinery.py", "passes = -(-len(cut(rows, 0)) // world_size)",
+    ("passes rounded down", "machinery/planner.py", "passes = -(-len(cut(rows, 0)) // world_size)",
      "passes = max(1, len(cut(rows, 0)) // world_size)", [planner]),
-    ("shared groups by position", "machinery.py",
+    ("shared groups by position", "machinery/planner.py",
      "if sizes[p].rank == r] for r in range(world_size)]",
      "if p % world_size == r] for r in range(world_size)]", [planner]),
-    ("received rows dropped", "machinery.py",
+    ("received rows dropped", "machinery/planner.py",
      "items += kept if rank == d.rank else pickle.loads(part)",
      "items += kept if rank == d.rank else pickle.loads(part)[1:]", [two_rank_update]),
     ("pi_old's pass over the first mini-batch too", "rlep.py",
@@ -175,8 +175,8 @@ mutations = [
     ("pi_old from the moving policy", "rlep.py", "if epoch == 0 and k == 0:", "if epoch == 0:",
      ["tests/test_update.py::test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start"]),
     ("validation records in rank order", "rlep.py",
-     'return sorted(gather_to_rank0(records, d), key=lambda r: order[r["id"]])',
-     "return gather_to_rank0(records, d)",
+     'return sorted(ranks.gather_to_rank0(records, d), key=lambda r: order[r["id"]])',
+     "return ranks.gather_to_rank0(records, d)",
      [guarantees + "test_on_two_ranks_each_sources_accuracy_is_its_own"]),
     ("validation's k from n", "rlep.py", "cfg.val_k, cfg, stop_ids, d,", "cfg.n, cfg, stop_ids, d,",
      [guarantees + "test_val_acc_is_the_mean_over_all_samples_of_all_problems"]),
@@ -189,32 +189,31 @@ mutations = [
      "by_source[f\"val_acc/{row.get('data_source')}\"].append(any(record[\"correct\"]))",
      [guarantees + "test_val_acc_is_the_mean_over_all_samples_of_all_problems"]),
     ("rank 1 decides its own resume", "rlep.py",
-     "start, ckpt, prompt_round = rank0_decides(lambda: resume_point(part_dir), d)",
-     "start, ckpt, prompt_round = resume_point(part_dir)",
+     "ranks.rank0_decides(lambda: checkpoints.resume_point(part_dir), d)",
+     "checkpoints.resume_point(part_dir)",
      ["tests/test_checkpoints.py::test_every_rank_takes_rank_0s_view_of_the_run"]),
     ("rank 1 decides its own collection", "rlep.py",
-     "pooled, done = rank0_decides(lambda: (written, set(successes)), d)",
-     "pooled, successes = read_collection(out)\n    done = set(successes)",
+     "pooled, done = ranks.rank0_decides(where_to_start, d)",
+     "pooled, done = where_to_start()",
      ["tests/test_checkpoints.py::test_every_rank_takes_rank_0s_view_of_the_run"]),
     ("rank 1 receives rank 0's collected answers", "rlep.py",
-     "pooled, done = rank0_decides(lambda: (written, set(successes)), d)",
-     "pooled, successes = rank0_decides(lambda: (written, successes), d)\n"
-     "    done = set(successes)",
+     "return written, set(successes_so_far)",
+     "return written, successes_so_far",
      ["tests/test_checkpoints.py::test_the_other_ranks_never_receive_rank_0s_collected_answers"]),
-    ("a refusal on rank 0 alone", "machinery.py", "        raise error\n    return answer",
+    ("a refusal on rank 0 alone", "machinery/ranks.py", "        raise error\n    return answer",
      "        if d.master_process:\n            raise error\n    return answer",
      ["tests/test_checkpoints.py::test_rank_0s_answer_or_refusal_reaches_every_rank"]),
     ("main keeps a stopped save's leftovers", "rlep.py", "remove_leftovers(cfg.out_dir)", "pass",
      [guarantees + "test_a_stopped_saves_leftovers_count_as_free_and_go_only_after_the_checks"]),
-    ("leftovers not counted as free space", "checks.py",
+    ("leftovers not counted as free space", "machinery/disk.py",
      "free = shutil.disk_usage(where).free + sum(map(folder_bytes, leftovers(cfg.out_dir)))",
      "free = shutil.disk_usage(where).free",
      [guarantees + "test_a_stopped_saves_leftovers_count_as_free_and_go_only_after_the_checks"]),
-    ("checkpoint written in place", "data.py",
+    ("checkpoint written in place", "machinery/checkpoints.py",
      ('tmp = final + ".tmp"', "shutil.rmtree(final, ignore_errors=True)\n        os.replace"),
      ("tmp = final", "os.replace"),
      [killed_saves]),
-    ("trainer_state.pt written after the rename", "data.py",
+    ("trainer_state.pt written after the rename", "machinery/checkpoints.py",
      'torch.save(state, os.path.join(tmp, "trainer_state.pt"))\n'
      "        # the same step saved again after a resume\n"
      "        shutil.rmtree(final, ignore_errors=True)\n"
@@ -223,15 +222,17 @@ mutations = [
      "        os.replace(tmp, final)\n"
      '        torch.save(state, os.path.join(final, "trainer_state.pt"))\n',
      [killed_saves]),
-    ("a pruned checkpoint deleted in place", "data.py",
+    ("a pruned checkpoint deleted in place", "machinery/checkpoints.py",
      'os.replace(folder, folder + ".deleting")\n            shutil.rmtree(folder + ".deleting")',
      "shutil.rmtree(folder)",
      [killed_saves]),
-    ("a stopped save's .tmp kept", "data.py", 'name.endswith((".deleting", ".tmp"))',
+    ("a stopped save's .tmp kept", "machinery/checkpoints.py",
+     'name.endswith((".deleting", ".tmp"))',
      'name.endswith(".deleting")',
      [killed_saves,
       "tests/test_checkpoints.py::test_stopped_saves_and_prunes_are_removed"]),
-    ("a stopped prune's .deleting kept", "data.py", 'name.endswith((".deleting", ".tmp"))',
+    ("a stopped prune's .deleting kept", "machinery/checkpoints.py",
+     'name.endswith((".deleting", ".tmp"))',
      'name.endswith(".tmp")',
      [killed_saves,
       "tests/test_checkpoints.py::test_stopped_saves_and_prunes_are_removed"]),
@@ -259,7 +260,7 @@ mutations = [
      "return len({s.correct for s in group if not s.replay}) > 1  # control",
      [dynamic + "test_a_group_is_dropped_when_its_answers_all_agree_replays_included",
       dynamic + "test_replays_rescue_a_group_whose_fresh_rollouts_all_fail"]),
-    ("dynamic sampling: a capped step not filled", "machinery.py",
+    ("dynamic sampling: a capped step not filled", "machinery/ranks.py",
      "chosen += [key for key, flag in ordered if not flag][:count - len(chosen)]",
      "chosen += []",
      [dynamic + "test_the_first_mixed_groups_in_stream_order_are_kept_and_dropped_ones_fill_a_"
@@ -270,7 +271,7 @@ mutations = [
     ("dynamic sampling: the next step one round on", "rlep.py",
      'prompt_round += meter["gen_rounds"]', "prompt_round += 1",
      [dynamic + "test_a_dynamic_run_logs_what_it_generated"]),
-    ("dynamic sampling: a resume at the step's round", "data.py",
+    ("dynamic sampling: a resume at the step's round", "machinery/checkpoints.py",
      'return step, folder, state.get("prompt_round", step)', "return step, folder, step",
      [dynamic + "test_a_resumed_dynamic_run_starts_at_the_round_the_uninterrupted_one_did"]),
     # eval.py

@@ -1,6 +1,6 @@
 """Benchmark verify.py on the labelled peer cases and on hostile inputs.
 
-    python tests/bench_verify.py [--cases PATH] [--misses] [--slowest N] [--verdicts OUT.json]
+    python benchmarks/bench_verify.py [--cases PATH] [--misses] [--slowest N] [--verdicts OUT.json]
 
 Prints accuracy on the unambiguous cases (overall and per source), latency (median, p99, max) over
 every labelled case (ambiguous ones included) with the slowest of them, latency on hostile inputs

@@ -5,8 +5,8 @@ folder, then data.read_rows reads it in a fresh process, which prints its peak r
 (ru_maxrss), the time, the rows kept and the bytes rank 0 hands the other ranks (the pickle
 rlep.main broadcasts).
 
-    python tests/bench_read_rows.py                    # this checkout's data.py
-    python tests/bench_read_rows.py --repo /tmp/old    # another checkout's (git worktree add)
+    python benchmarks/bench_read_rows.py                    # this checkout's data.py
+    python benchmarks/bench_read_rows.py --repo /tmp/old    # another checkout's (git worktree add)
 """
 import argparse
 import os
@@ -23,7 +23,10 @@ template = ("Solve the following math problem step by step. The last line of you
 measure = """
 import pickle, resource, sys, time
 sys.path.insert(0, sys.argv[1])
-import data
+try:
+    from machinery import data
+except ImportError:  # a checkout from before the machinery package
+    import data
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 start = time.perf_counter()
 rows = data.read_rows(sys.argv[2])

@@ -1,5 +1,5 @@
 """How busy FSDP2's lockstep leaves the ranks: the trainer's own planner
-(machinery.plan_mini_batches, machinery.plan_micro_batches) on the paper preset's step, no
+(planner.plan_mini_batches, planner.plan_micro_batches) on the paper preset's step, no
 model. Every rank runs as many passes a mini-batch as the busiest needs; a rank holding fewer
 rows runs idle ones. Response lengths follow a wide distribution (a normal of mean 1,500 and sd
 800 tokens cut to [200, 3,072]; prompts 100-400 tokens); in phase two 15 % of the prompts hold a
@@ -15,7 +15,8 @@ padding; heaviest_over_mean: pass by pass, the heaviest rank's padded tokens ove
 (what a lockstep pass waits on), summed over the step; passes: a rank's update passes a step;
 heaviest_tokens: the padded tokens of the heaviest rank of each pass, summed over a step.
 Means over --trials steps.
-Run: python tests/bench_lockstep.py [--micro_batch_tokens 0] [--whole_groups | --before]  (seconds)
+Run: python benchmarks/bench_lockstep.py [--micro_batch_tokens 0] [--whole_groups | --before]
+(seconds)
 `--whole_groups` keeps each group on the rank that generated it (the placement rows replaced,
 and share_prompts' still); `--before` also replaces the split by the one it replaced: each rank
 packs its rows alone, longest first, as many as fit (fewer passes where it holds fewer tokens),
@@ -29,7 +30,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import machinery  # noqa: E402
+from machinery import planner  # noqa: E402
 import rlep  # noqa: E402
 
 
@@ -54,7 +55,7 @@ def step_sizes(cfg, phase, rng):
         prompt = int(rng.integers(100, 401))
         responses = draw_lengths(rng, samples)
         row_lengths = tuple(int(prompt + r) for r in responses)
-        sizes[position] = machinery.GroupSize(position, int(responses.sum()), row_lengths)
+        sizes[position] = planner.GroupSize(position, int(responses.sum()), row_lengths)
     return sizes
 
 
@@ -86,7 +87,7 @@ def packed_alone(positions, sizes, rank, world_size, split):
 
 def whole_groups(positions, sizes, world_size, split):
     """The trainer's split of whole groups, each on the rank that generated it."""
-    return machinery.plan_micro_batches(positions, sizes, world_size,
+    return planner.plan_micro_batches(positions, sizes, world_size,
                                         split._replace(share_prompts=True))
 
 
@@ -94,8 +95,8 @@ def before(positions, sizes, world_size, split):
     return [packed_alone(positions, sizes, r, world_size, split) for r in range(world_size)]
 
 
-def simulate(cfg, world_size, phase, trials, seed, planner=machinery.plan_mini_batches,
-             splitter=machinery.plan_micro_batches):
+def simulate(cfg, world_size, phase, trials, seed, plan_runs=planner.plan_mini_batches,
+             splitter=planner.plan_micro_batches):
     busiest_sum = mean_sum = idle = empty = passes = padding = computed = 0.0
     heaviest_sum = mean_tokens_sum = 0.0
     rng = np.random.default_rng(seed)
@@ -106,9 +107,9 @@ def simulate(cfg, world_size, phase, trials, seed, planner=machinery.plan_mini_b
         total_samples = sum(len(g.row_lengths) for g in sizes.values())
         # the trainer's count: RLEP's 512 x 18 sequences make 9 updates, the baseline's 8
         num_updates = max(1, round(total_samples / (cfg.mini_batch_prompts * cfg.n)))
-        runs = planner(len(sizes), num_updates, epoch=0, seed=trial)
+        runs = plan_runs(len(sizes), num_updates, epoch=0, seed=trial)
         for positions in runs:
-            split = machinery.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
+            split = planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
             plans = splitter(positions, sizes, world_size, split)
             counts = [len(plan) for plan in plans]
             busiest = max(counts)
@@ -150,13 +151,14 @@ def main():
     if args.micro_batch_tokens is not None:
         flags += ["--micro_batch_tokens", str(args.micro_batch_tokens)]
     cfg = rlep.parse_config(flags)
-    planner = random_draws if args.random_draws else machinery.plan_mini_batches
-    splitter = machinery.plan_micro_batches
+    mini_batches = random_draws if args.random_draws else planner.plan_mini_batches
+    splitter = planner.plan_micro_batches
     if args.whole_groups or args.before:
         splitter = before if args.before else whole_groups
     for world_size in (1, 8, 16, 64):
         for phase in (1, 2):
-            result = simulate(cfg, world_size, phase, args.trials, args.seed, planner, splitter)
+            result = simulate(cfg, world_size, phase, args.trials, args.seed, mini_batches,
+                              splitter)
             passes, heaviest = result.pop("passes"), result.pop("heaviest_tokens")
             print(f"lockstep W={world_size} phase={phase} "
                   + " ".join(f"{k}={v:.2f}" for k, v in result.items())
@@ -164,15 +166,15 @@ def main():
                   f" micro_batch_size={cfg.micro_batch_size} "
                   f"micro_batch_tokens={cfg.micro_batch_tokens}")
     # what step_rows' exchange sends of a row: its token ids (Qwen's vocabulary) and vLLM's
-    # log-prob of each fresh token, pickled as machinery.exchange pickles them
+    # log-prob of each fresh token, pickled as planner.exchange pickles them
     rng = np.random.default_rng(args.seed)
     prompt = rng.integers(0, 151936, 250).tolist()  # a group's rows share their prompt's list
     lengths = draw_lengths(rng, cfg.n)
     rows = [((0, i), rlep.Sample(prompt, rng.integers(0, 151936, length).tolist(), True, 1.0,
                                  vllm_logprobs=(-rng.random(length)).tolist()))
             for i, length in enumerate(lengths)]
-    print(f"exchange: {len(machinery.row_bytes(rows)) / lengths.sum():.1f} bytes a response "
-          "token (machinery.row_bytes of a group's rows)")
+    print(f"exchange: {len(planner.row_bytes(rows)) / lengths.sum():.1f} bytes a response "
+          "token (planner.row_bytes of a group's rows)")
 
 
 if __name__ == "__main__":

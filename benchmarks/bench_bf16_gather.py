@@ -9,7 +9,7 @@ on 1 rank (the scale of bf16's own rounding):
 
 max |dw|: the largest difference of a single weight; gap: |w2 - w1| / |w1 - w0| over all
 weights (w0 the start, w1 the 1-rank run's). Each run again once: the noise of bf16 kernels.
-Run: OMP_NUM_THREADS=1 python tests/bench_bf16_gather.py   (2 minutes on 2 cores)"""
+Run: OMP_NUM_THREADS=1 python benchmarks/bench_bf16_gather.py   (2 minutes on 2 cores)"""
 import copy
 import gc
 import os
@@ -23,11 +23,11 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import builtin  # noqa: E402
-import machinery  # noqa: E402
+repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [repo_root, os.path.join(repo_root, "tests")]
+from machinery import fsdp, models, ranks  # noqa: E402
 import rlep  # noqa: E402
-from test_update import held, make_groups  # noqa: E402
+from test_update import held, make_groups  # noqa: E402  (the tests' groups)
 
 cpu = torch.device("cpu")
 
@@ -40,8 +40,8 @@ def update(rank, world, port, model_path, cfg, groups, gathers, out):
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world)
     if gathers == "fp32":
-        machinery.MixedPrecisionPolicy = lambda **kwargs: MixedPrecisionPolicy()
-    d = rlep.Dist(world > 1, rank, world, cpu, rank == 0)
+        fsdp.MixedPrecisionPolicy = lambda **kwargs: MixedPrecisionPolicy()
+    d = ranks.Dist(world > 1, rank, world, cpu, rank == 0)
     policy, optimizer = rlep.build_policy(model_path, cfg, d)
     rlep.ppo_update(policy, optimizer, copy.deepcopy(held(groups, rank, world)),
                     cfg.mini_batch_prompts * cfg.n, cfg, d, 0, seed=7)
@@ -83,9 +83,9 @@ def compare(label, a, b, start):
 
 def main():
     with tempfile.TemporaryDirectory() as folder:
-        model_path = builtin.resolve_model("builtin:tiny", os.path.join(folder, "cache"))
+        model_path = models.resolve_model("builtin:tiny", os.path.join(folder, "cache"))
         cfg = rlep.parse_config(["--preset", "tiny"])
-        policy = rlep.build_policy(model_path, cfg, rlep.Dist(False, 0, 1, cpu, True))[0]
+        policy = rlep.build_policy(model_path, cfg, ranks.Dist(False, 0, 1, cpu, True))[0]
         start = {k: v.clone() for k, v in policy.model.state_dict().items()}
         one = run(folder, model_path, "bfloat16", 1)
         largest = max(float((one[k] - start[k]).abs().max()) for k in start)

@@ -1,7 +1,7 @@
 """One RLEP training step worked through for a teacher, from a real run: docs/worked-step.md.
 
-    OMP_NUM_THREADS=1 python tests/worked_step.py          # ~20 s here: writes the page
-    OMP_NUM_THREADS=1 python tests/worked_step.py --print  # the page on stdout, nothing written
+    OMP_NUM_THREADS=1 python tools/worked_step.py          # ~20 s here: writes the page
+    OMP_NUM_THREADS=1 python tools/worked_step.py --print  # the page on stdout, nothing written
 
 It runs the tiny preset as `python rlep.py --preset tiny` does (phase one, the collection from
 its step-4 checkpoint, phase two from the base model), in this process, and records what rlep's
@@ -38,13 +38,11 @@ import torch  # noqa: E402
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
-import builtin  # noqa: E402
-import data  # noqa: E402
-import machinery  # noqa: E402
+from machinery import data, fsdp, models, planner, ranks  # noqa: E402
 import rlep  # noqa: E402
 
 page_path = os.path.join(repo, "docs", "worked-step.md")
-command = "OMP_NUM_THREADS=1 python tests/worked_step.py"
+command = "OMP_NUM_THREADS=1 python tools/worked_step.py"
 preset_flags = ["--preset", "tiny", "--val_every", "0", "--phase2_steps", "2"]
 # phase two's step, numbered as metrics.jsonl numbers it: its prompt 6-2 is a rescue that lands
 # in the off-policy mini-batch (step 1's rescue, 5-1, is in the on-policy one)
@@ -54,9 +52,9 @@ shown_step = 2
 rlep_names = {
     "groups": "make_groups", "group": "build_group", "penalty": "overlong_penalty",
     "advantages": "group_advantages", "replays": "draw_replays",
-    "plan": "machinery.plan_mini_batches",
-    "mini_batch": "micro_batches", "old_logprobs": "keep_old_logprobs",
-    "loss": "policy_loss", "update": "ppo_update", "logprobs": "machinery.TokenLogProbs",
+    "plan": "planner.plan_mini_batches",
+    "mini_batch": "planner.micro_batches", "old_logprobs": "keep_old_logprobs",
+    "loss": "policy_loss", "update": "ppo_update", "logprobs": "fsdp.TokenLogProbs",
     "collect": "collect", "visit": "visit",
 }
 recorded_roles = ["group", "penalty", "advantages", "replays", "mini_batch", "old_logprobs",
@@ -69,9 +67,10 @@ def fn(role: str) -> str:
 
 
 def home(role: str) -> tuple:
-    """(module, attribute) of a role's function: rlep's, or machinery's where named so."""
+    """(module, attribute) of a role's function: rlep's, or a machinery module's where named
+    so."""
     module, _, name = rlep_names[role].rpartition(".")
-    return (machinery if module == "machinery" else rlep), name
+    return {"planner": planner, "fsdp": fsdp}.get(module, rlep), name
 
 
 class Recording:
@@ -117,7 +116,7 @@ def run_step(model_path: str, engine, out_dir: str) -> dict:
     tensors for the test's hand computation)."""
     from transformers import AutoTokenizer
     cfg = rlep.parse_config(preset_flags + ["--out_dir", out_dir])
-    single = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
+    single = ranks.Dist(False, 0, 1, torch.device("cpu"), True)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     end_id = rlep.end_token_id(tokenizer, cfg.stop_token)
     train_rows = data.read_rows(cfg.train_file)
@@ -612,8 +611,8 @@ def main():
     parser.add_argument("--print", action="store_true", help="the page on stdout only")
     args = parser.parse_args()
     cfg = rlep.parse_config(preset_flags)
-    model_path = builtin.resolve_model(cfg.model_path, os.path.join(repo, cfg.cache_dir))
-    engine = rlep.build_engine(cfg, model_path, rlep.Dist(False, 0, 1, torch.device("cpu"), True))
+    model_path = models.resolve_model(cfg.model_path, os.path.join(repo, cfg.cache_dir))
+    engine = rlep.build_engine(cfg, model_path, ranks.Dist(False, 0, 1, torch.device("cpu"), True))
     try:
         with tempfile.TemporaryDirectory() as out_dir:
             numbers = run_step(model_path, engine, out_dir)

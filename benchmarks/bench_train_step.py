@@ -3,20 +3,20 @@ per-GPU memory budget of the paper preset under FSDP2 on N ranks, with rlep's vL
 same GPUs.
 
     # GPU, world size 1: needs ~130 GiB (an H200)
-    python tests/bench_train_step.py --model 7b
+    python benchmarks/bench_train_step.py --model 7b
     # MFU against an H200's measured dense bf16
-    python tests/bench_train_step.py --model 7b --peak_tflops 790
+    python benchmarks/bench_train_step.py --model 7b --peak_tflops 790
     # the budget on the meta device; also 14b, 32b
-    OMP_NUM_THREADS=1 python tests/bench_train_step.py --model 7b --budget_only
-    OMP_NUM_THREADS=1 python tests/bench_train_step.py --model 32b --budget_only --ranks 16
+    OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --model 7b --budget_only
+    OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --model 32b --budget_only --ranks 16
     # CPU smoke run, seconds
-    OMP_NUM_THREADS=1 python tests/bench_train_step.py --model tiny
+    OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --model tiny
 
-The policy comes from rlep.build_policy itself, single-process (rlep.Dist(False, 0, 1, device,
+The policy comes from rlep.build_policy itself, single-process (ranks.Dist(False, 0, 1, device,
 True)): fp32 master weights, train mode, gradient checkpointing (non-reentrant),
-machinery.TokenLogProbs, AdamW. Only its from_pretrained is swapped for from_config on the
+fsdp.TokenLogProbs, AdamW. Only its from_pretrained is swapped for from_config on the
 target device (random weights of the Qwen2.5 shape; nothing downloaded, no 15-30 GB checkpoint
-written and read back). Batches: machinery.collate (paper preset: 2-D attention masks). Per
+written and read back). Batches: collate.collate (paper preset: 2-D attention masks). Per
 micro-batch size, rlep.ppo_update's stages: old-log-prob pass (no_grad, bf16 autocast without
 weight cache); a mini-batch of two fwd + policy_loss + bwd (the first creates the grads, the
 second adds); clip_grad_norm_, AdamW step, zero_grad.
@@ -60,10 +60,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo_root)
-import builtin  # noqa: E402
-import checks  # noqa: E402
-import data  # noqa: E402
-import machinery  # noqa: E402
+from machinery import checkpoints, collate, disk, fsdp, precision, ranks, vllm_engine  # noqa: E402
 import rlep  # noqa: E402
 
 # Qwen2.5 shapes (their config.json files);
@@ -103,7 +100,7 @@ def build_policy(name: str, cfg, device):
         with torch.device(device):
             return AutoModelForCausalLM.from_config(model_config(name), **kwargs)
     with mock.patch.object(AutoModelForCausalLM, "from_pretrained", from_config):
-        return rlep.build_policy(f"random:{name}", cfg, rlep.Dist(False, 0, 1, device, True))
+        return rlep.build_policy(f"random:{name}", cfg, ranks.Dist(False, 0, 1, device, True))
 
 
 def forward_flops(config, seq_lens, response_lens, verl_count=False) -> float:
@@ -124,7 +121,7 @@ def forward_flops(config, seq_lens, response_lens, verl_count=False) -> float:
 
 def make_batch(micro_batch_size, prompt_len, response_len, vocab_size, device, share_prompts,
                seed=0) -> dict:
-    """A micro-batch from machinery.collate: the first row has the full prompt_len + response_len
+    """A micro-batch from collate.collate: the first row has the full prompt_len + response_len
     tokens (the shape that sets peak memory), the others random shorter prompts and responses,
     right-padded to the longest."""
     rng = np.random.default_rng(seed)
@@ -137,7 +134,7 @@ def make_batch(micro_batch_size, prompt_len, response_len, vocab_size, device, s
         advantage = float(rng.standard_normal())
         samples.append(rlep.Sample(prompt_ids=prompt_ids, completion_ids=completion_ids,
                                    correct=False, reward=0.0, advantage=advantage))
-    return machinery.collate(samples, pad_id=0, device=device, share_prompts=share_prompts)
+    return collate.collate(samples, pad_id=0, device=device, share_prompts=share_prompts)
 
 
 def fmt(value, width: int, spec: str) -> str:
@@ -247,7 +244,7 @@ def budget(model, ranks, gpu_gib, cfg):
         "VW": ("vLLM bf16 weights, 2 B x P (awake alone during a push: KV cache woken after)",
                2 * params),
         # the shard cast to bf16, then gathered; the push check sums in float64 a chunk of 2**24
-        # elements at a time (machinery.float64_sum)
+        # elements at a time (vllm_engine.float64_sum)
         "PT": (f"push transient, largest param ({largest / 1e6:.0f} M): bf16 shard + full bf16, "
                "2 B, + float64 check sum, 16 M at a time",
                2 * largest * (1 + 1 / ranks) + 8 * 2 ** 24),
@@ -394,7 +391,7 @@ def print_budget(name, model, args, cfg):
 
 
 def print_disk(params, cfg):
-    """checks.disk_budget, the function a run checks its disk with, for the preset `cfg` on an
+    """disk.disk_budget, the function a run checks its disk with, for the preset `cfg` on an
     empty output folder: per command and for --keep_checkpoints 0."""
     gb = 1e9
     commands = [("--phase all", {}), ("--phase 1", {"phase": "1"}), ("--phase 2", {"phase": "2"}),
@@ -402,8 +399,8 @@ def print_disk(params, cfg):
     for command, flags in commands:
         # the weights and AdamW's moments, 12 bytes a parameter (checkpoint_size adds the
         # tokenizer and records, which need the model folder)
-        size = checks.CheckpointSize(whole=12 * params, weights=4 * params)
-        need = checks.disk_budget(dataclasses.replace(cfg, **flags), size, held={})
+        size = disk.CheckpointSize(whole=12 * params, weights=4 * params)
+        need = disk.disk_budget(dataclasses.replace(cfg, **flags), size, held={})
         print(f"disk, {cfg.preset} preset, {command}: checkpoints peak at "
               f"{need['peak'] / gb:.1f} GB = {need['peak'] / need['per_checkpoint']:.0f} x "
               f"{need['per_checkpoint'] / gb:.1f} GB")
@@ -499,7 +496,7 @@ def print_time(cfg, model, ranks, mfu):
                                     / ranks, capacity, cfg.max_response_len)
     line(f"validation: {t['val_problems']} problems x {cfg.val_k}, every {cfg.val_every} steps "
          "(step 0 once)", validation, validations)
-    saves = sum(len(data.save_plan(cfg, part)) for part in ("phase1", "phase2"))
+    saves = sum(len(checkpoints.save_plan(cfg, part)) for part in ("phase1", "phase2"))
     line(f"checkpoints: {12 * params / 1e9:.1f} GB each at "
          f"{t['disk_bytes_s'] / 1e9:.1f} GB/s", 12 * params / t["disk_bytes_s"], saves)
     line("start-up: vLLM engines (CUDA graphs), a policy build a part",
@@ -580,7 +577,7 @@ def main(argv=None):
     # as rlep.main; on a CPU it measures the matmuls of the model's shapes, read from a folder
     config_dir = tempfile.mkdtemp()
     model_config(args.model).save_pretrained(config_dir)
-    choice = builtin.resolve_dtype(args.dtype, device, config_dir)
+    choice = precision.resolve_dtype(args.dtype, device, config_dir)
     cfg.dtype, why = choice.dtype, choice.why
     peak_tflops = args.peak_tflops or (989.0 if device.type == "cuda" else None)
     # as rlep.ppo_update

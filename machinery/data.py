@@ -1,0 +1,187 @@
+"""The data rows and the experience pool: JSONL or parquet files (local or on the hub), in our
+keys or the DAPO schema, checked row by row and de-duplicated; the pool's file and the
+collection's progress.
+
+A row: {"id", "problem", "answer"} and, where given, "prompt" (chat messages), "responses" (a
+pool's verified answers), "data_source" (validation reports accuracy per source)."""
+import hashlib
+import json
+import os
+
+from machinery.errors import UserError
+from machinery.files import local_file, read_jsonl, write_atomic
+from machinery.tasks import builtin_rows
+
+
+def from_dapo_schema(raw: dict, where: str) -> dict:
+    """A DAPO row (prompt, reward_model.ground_truth [.candidates]) in our keys: problem, answer,
+    prompt, responses."""
+    messages = raw.get("prompt")
+    reward_model = raw["reward_model"]
+    is_message = [isinstance(m, dict) and {"role", "content"} <= set(m)
+                  for m in messages or []]
+    if not isinstance(messages, list) or not messages or not all(is_message):
+        raise UserError(f"{where}: 'prompt' must be a non-empty list "
+                        "of {role, content} messages")
+    if (not isinstance(reward_model, dict)
+            or reward_model.get("ground_truth") in (None, "")):
+        raise UserError(f"{where}: missing 'reward_model.ground_truth'")
+    prompt = [{"role": m["role"], "content": m["content"]} for m in messages]
+    return {
+        **raw,
+        "problem": messages[-1]["content"],
+        "answer": reward_model["ground_truth"],
+        "prompt": prompt,
+        "responses": reward_model.get("candidates"),
+    }
+
+
+# the keys normalize_row reads (a parquet file's other columns are not read)
+row_columns = {"id", "problem", "answer", "prompt", "reward_model", "responses", "data_source"}
+
+
+def normalize_row(raw: dict, where: str) -> dict:
+    """A DAPO row or {"problem", "answer" [, "responses"]}, checked."""
+    if not isinstance(raw, dict):
+        kind = type(raw).__name__
+        raise UserError(f"{where}: expected a JSON object, got {kind}")
+    if "reward_model" in raw:
+        raw = from_dapo_schema(raw, where)
+    for key in ("problem", "answer"):
+        if raw.get(key) in (None, ""):
+            raise UserError(f"{where}: missing '{key}' (or use the DAPO "
+                            "schema: prompt + reward_model)")
+    responses = raw.get("responses")
+    if responses is not None:
+        if not isinstance(responses, (list, tuple)) or not all(
+                isinstance(r, str) for r in responses):
+            raise UserError(f"{where}: responses/candidates must be a "
+                            "list of strings")
+        responses = list(responses)
+    problem = str(raw["problem"])
+    row_id = raw.get("id") or hashlib.sha1(problem.encode()).hexdigest()[:12]
+    row = {
+        "id": str(row_id),
+        "problem": problem,
+        "answer": str(raw["answer"]),
+        "prompt": raw["prompt"] if isinstance(raw.get("prompt"), list) else None,
+        "responses": responses,
+        # validation reports accuracy per data source
+        "data_source": str(raw["data_source"]) if raw.get("data_source") else None,
+    }
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> list[dict]:
+    """The rows of a JSONL or parquet file (a local path or a hub file, local_file's), or of a
+    built-in task, de-duplicated by problem text, in file order. A row is held only once it is
+    new: the paper's parquet repeats each of ~17.9k prompts ~100 times, and its 1.8 M rows are
+    read a batch at a time (docs/gpu.md: host memory). pool: each row must carry responses; a
+    DAPO row without candidates is left out, and the rows left out are counted in a line."""
+    if path.startswith("builtin:"):
+        try:
+            return builtin_rows(path)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    local = local_file(path, cache_dir)
+    if not os.path.isfile(local):
+        raise UserError(f"{path}: no such data file")
+    if not local.endswith((".parquet", ".jsonl", ".json")):
+        raise UserError(f"{path}: unknown format (use .jsonl or .parquet)")
+    if local.endswith(".parquet"):
+        lines = enumerate(parquet_rows(local, path), start=1)
+    else:
+        lines = [(i, text) for i, text in enumerate(text_lines(local, path), start=1)
+                 if text.strip()]
+    rows, left_out = {}, 0
+    # each id's first row number and problem: the collection pools answers, and seeds draws, by id,
+    # so one id names one problem (its rows are then one, the first kept, as any problem's repeats)
+    first_of_id = {}
+    for i, raw in lines:
+        where = f"{path}: row {i}"
+        if isinstance(raw, str):
+            try:
+                raw = json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+        row = normalize_row(raw, where)
+        if pool and not row.get("responses"):
+            if "reward_model" not in raw:
+                raise UserError(f"{where}: no 'responses' (a pool row carries its prompt's "
+                                "verified answers, a non-empty list)")
+            left_out += 1
+            continue
+        first, problem = first_of_id.setdefault(row["id"], (i, row["problem"]))
+        if problem != row["problem"]:
+            raise UserError(f"{path}: rows {first} and {i}: both have id {row['id']!r}, with "
+                            "other problems (the collection pools answers by id)")
+        rows.setdefault(row["problem"], row)
+    if left_out:
+        print(f"{path}: {left_out} rows without reward_model.candidates left out of the pool",
+              flush=True)
+    if not rows:
+        pooled = " with pooled responses ('responses' or 'reward_model.candidates')"
+        raise UserError(f"{path}: no rows{pooled if pool else ''}")
+    return list(rows.values())
+
+
+def text_lines(path: str, name: str) -> list[str]:
+    """A JSONL file's lines, each decoded on its own: a bad byte is named by row (in the file the
+    user named)."""
+    lines = []
+    with open(path, "rb") as f:
+        for i, line in enumerate(f, start=1):
+            try:
+                # a byte-order mark (editors write one) is not part of the first row
+                lines.append(line.decode("utf-8-sig" if i == 1 else "utf-8"))
+            except UnicodeDecodeError as e:
+                raise UserError(f"{name}: row {i}: not UTF-8 (byte 0x{line[e.start]:02x} at "
+                                f"offset {e.start})") from None
+    return lines
+
+
+def parquet_rows(path: str, name: str):
+    """A parquet file's rows, a batch at a time, with only the columns a row is made of (the DAPO
+    file's extra_info and ability are never read); errors name the file the user named."""
+    # only parquet needs it
+    import pyarrow.parquet
+    try:
+        parquet = pyarrow.parquet.ParquetFile(path)
+    except pyarrow.ArrowException as e:
+        raise UserError(f"{name}: not a readable parquet file ({e})") from None
+    names = set(parquet.schema_arrow.names)
+    if not ({"problem", "answer"} <= names or {"prompt", "reward_model"} <= names):
+        raise UserError(f"{name}: columns {sorted(names)}; wanted problem and answer, or "
+                        "DAPO's prompt and reward_model")
+    read = [c for c in parquet.schema_arrow.names if c in row_columns]
+    # a batch of the authors' pool rows (up to 64 answers each) is still a few hundred MB
+    for batch in parquet.iter_batches(batch_size=4096, columns=read):
+        yield from batch.to_pylist()
+
+
+def save_pool(path: str, rows: list[dict]):
+    keys = ("id", "problem", "answer", "responses", "prompt")
+    lines = [json.dumps({k: r[k] for k in keys if k in r}) + "\n" for r in rows]
+    write_atomic(path, "".join(lines))
+
+
+def progress_row(record: dict) -> dict:
+    """RLEP: a collection's row of progress.jsonl, from a sample_and_grade record: the prompt's
+    verified answers and the response tokens generated for it (the study's cost). Made before the
+    ranks gather: the other answers of K never cross them."""
+    right = [t for t, ok in zip(record["responses"], record["correct"]) if ok]
+    return {"id": record["id"], "successes": right, "tokens": sum(record["lengths"])}
+
+
+def read_collection(out: str) -> tuple[bool, dict]:
+    """A collection folder's state: whether pool.jsonl is written, and {prompt id: its verified
+    answers} of the prompts done so far."""
+    done = read_jsonl(os.path.join(out, "progress.jsonl"))
+    successes = {row["id"]: row["successes"] for row in done}
+    return os.path.isfile(os.path.join(out, "pool.jsonl")), successes
+
+
+def load_pool(path: str, cache_dir: str = ".cache/rlep") -> list[dict]:
+    """A pool file: our pool.jsonl, or any data file whose rows carry responses (DAPO:
+    reward_model.candidates), read whole or refused."""
+    return read_rows(path, pool=True, cache_dir=cache_dir)

@@ -1,0 +1,209 @@
+"""The update's plan: which rows each rank trains in each pass. A mini-batch is a run of the
+step's shuffled prompts (plan_mini_batches); its rows are cut into micro-batches that fit in
+memory and dealt to the ranks so that every rank runs as many passes (FSDP2's lockstep), a rank
+with fewer rows running idle ones of exactly zero gradient; one exchange a step sends each rank
+the rows planned for it that another rank generated. Memory and balance, not math: a row carries
+its advantage, and the loss's N is the mini-batch's."""
+import io
+import pickle
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from machinery.collate import collate
+from machinery.ranks import Dist, gather_lists
+
+
+class GroupSize(NamedTuple):
+    position: int  # the prompt's place in the step's order
+    response_tokens: int
+    row_lengths: tuple  # per sample: prompt + response tokens, a row's length
+    rank: int = 0  # the rank that generated the group and holds it
+
+
+class Split(NamedTuple):
+    """How a rank's share of a mini-batch is cut into micro-batches (memory, not math)."""
+    max_rows: int  # rows a micro-batch holds when max_tokens is 0
+    max_tokens: int  # padded tokens a micro-batch holds, longest rows first; 0: by rows
+    share_prompts: bool  # a row holds a prompt once, then its responses (collate)
+
+
+def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
+                      seed: int) -> list[np.ndarray]:
+    """An epoch's mini-batches as runs of consecutive positions of the step's prompts, whose
+    order step_prompts already shuffled (RLEP's 9 runs of 56 or 57 of 512). The runs do not
+    depend on W (the update is the same on any number of ranks); later epochs take them in
+    another seeded order."""
+    positions = np.arange(num_prompts)
+    runs = np.array_split(positions, num_updates)
+    if epoch == 0:
+        return runs
+    order = np.random.default_rng(seed).permutation(num_updates)
+    return [runs[i] for i in order]
+
+
+def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
+                        max_tokens: int) -> list[list[int]]:
+    """A rank's rows as `count` micro-batches (lists of indices), fewer if it holds fewer rows,
+    more if they need more (0: the fewest). Each is a run of the rows, longest first within
+    max_tokens padded tokens (rows x the longest; verl's dynamic batch size, for a trainer that
+    pads), or in order within max_rows if max_tokens is 0 (share_prompts keeps a group together);
+    each near an equal share of the tokens. Memory, not math: the loss is a token sum."""
+    order = list(range(len(row_lengths)))
+    fits = [max_rows] * len(order)  # the most rows a run starting there takes
+    if max_tokens:
+        # stable: every rank computes the same split
+        order.sort(key=lambda i: -row_lengths[i])
+        # sorted: a run's first row is its longest
+        fits = [max(1, max_tokens // row_lengths[i]) for i in order]
+    lengths = [row_lengths[i] for i in order]
+    # needs[i]: the fewest runs for rows i, i + 1, ... (each run filled)
+    needs = [0] * (len(order) + 1)
+    for start in reversed(range(len(order))):
+        needs[start] = 1 + needs[min(len(order), start + fits[start])]
+    count = max(count, needs[0])
+    left_tokens = sum(lengths)
+    micro_batches = []
+    start = 0
+    for left in range(min(count, len(order)), 0, -1):  # runs left
+        target = left_tokens / left
+        # its rows fit, and each later run keeps a row
+        limit = min(start + fits[start], len(order) - left + 1)
+        end, longest = start + 1, lengths[start]
+        while end < limit:
+            padded = (end - start) * longest
+            grown = (end + 1 - start) * max(longest, lengths[end])
+            # grow while the later runs cannot hold the rest, then toward the target
+            if needs[end] < left and abs(grown - target) > abs(padded - target):
+                break
+            longest = max(longest, lengths[end])
+            end += 1
+        micro_batches.append(order[start:end])
+        left_tokens -= sum(lengths[start:end])
+        start = end
+    # heaviest first: a lockstep pass waits on its heaviest rank
+    micro_batches.sort(key=lambda run: -len(run) * max(row_lengths[i] for i in run))
+    return micro_batches
+
+
+def plan_micro_batches(positions, sizes: dict, world_size: int,
+                       split: Split) -> list[list[list[tuple[int, int]]]]:
+    """Every rank's micro-batches of a mini-batch, lists of (position, sample) pairs, as many on
+    every rank (FSDP2 gathers the weights in each forward and backward and reduces the gradients,
+    for one token as for 16,384). Rows, not groups: W x passes micro-batches of near-equal
+    tokens, longest rows first, dealt to the ranks in turn, so none idles while rows last (RLEP's
+    56 or 57 prompts reach all 64 ranks; whole groups leave 7 or 8 none). A row carries its Â and
+    N is the mini-batch's: where it trains does not change the loss. A row holding a group
+    (share_prompts) stays where it was made. Any rank plans every rank's; on one, it is
+    split_micro_batches."""
+    rows = [(p, i) for p in positions for i in range(len(sizes[p].row_lengths))]
+    def cut(held, count):  # -> count micro-batches of held, or more, or fewer rows
+        lengths = [sizes[p].row_lengths[i] for p, i in held]
+        micro_batches = split_micro_batches(lengths, count, split.max_rows, split.max_tokens)
+        return [[held[j] for j in micro] for micro in micro_batches]
+    if split.share_prompts:
+        held = [[(p, i) for p, i in rows if sizes[p].rank == r] for r in range(world_size)]
+        passes = max(len(cut(rows_r, 0)) for rows_r in held)
+        return [cut(rows_r, passes) for rows_r in held]
+    passes = -(-len(cut(rows, 0)) // world_size)  # the fewest micro-batches / W, up
+    # heaviest first, dealt in turn: pass j on every rank holds the j-th W of them
+    micro_batches = cut(rows, passes * world_size)
+    return [micro_batches[rank::world_size] for rank in range(world_size)]
+
+
+def exchange(outgoing: list[list], d: Dist) -> list:
+    """outgoing[r] to rank r; back, what every rank sent this one, in rank order. One all-to-all
+    of pickled bytes on the host (gloo): a rank receives only its own."""
+    if not d.distributed:
+        return outgoing[0]
+    kept = outgoing[d.rank]  # not through pickle
+    payloads = [row_bytes([] if r == d.rank else items) for r, items in enumerate(outgoing)]
+    send_sizes = torch.tensor([len(p) for p in payloads])
+    recv_sizes = torch.empty_like(send_sizes)
+    dist.all_to_all_single(recv_sizes, send_sizes)
+    sent = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
+    received = torch.empty(int(recv_sizes.sum()), dtype=torch.uint8)
+    dist.all_to_all_single(received, sent, recv_sizes.tolist(), send_sizes.tolist())
+    items, start = [], 0
+    for rank, size in enumerate(recv_sizes.tolist()):
+        part = received[start:start + size].numpy().tobytes()
+        items += kept if rank == d.rank else pickle.loads(part)
+        start += size
+    return items
+
+
+class RowPickler(pickle.Pickler):
+    """Rows cross ranks as plain data (token ids, floats): a tensor in one would be restored on
+    the sender's device index on the receiver (rank 5's cuda:5 tensor on rank 2's cuda:5), so one
+    is refused."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            raise TypeError(f"exchange: a row carries a tensor ({obj.dtype}, {obj.device}); rows "
+                            "cross ranks as plain data, made before any tensor of theirs")
+        return NotImplemented
+
+
+def row_bytes(items: list) -> bytes:
+    buffer = io.BytesIO()
+    RowPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(items)
+    return buffer.getvalue()
+
+
+def step_rows(my_groups: dict, sizes: dict, num_updates: int, split: Split, d: Dist) -> dict:
+    """The rows this rank trains in the step, {(position, sample): sample}: those of its groups
+    planned here, and those the other ranks send (one exchange a step: every epoch's mini-batches
+    are the same runs, and π_θold stays with its row)."""
+    outgoing = [[] for _ in range(d.world_size)]
+    for positions in plan_mini_batches(len(sizes), num_updates, 0, 0):
+        plan = plan_micro_batches(positions, sizes, d.world_size, split)
+        for rank, micro_batches in enumerate(plan):
+            outgoing[rank] += [((p, i), my_groups[p][i]) for micro in micro_batches
+                               for p, i in micro if p in my_groups]
+    return dict(exchange(outgoing, d))
+
+
+@dataclass
+class IdleSample:
+    """What collate reads of a sample (a training sample has more), for an idle pass; the update
+    writes its π_θold as it does a sample's."""
+    prompt_ids: list
+    completion_ids: list
+    advantage: float = 0.0
+    replay: bool = False
+    old_logprobs: torch.Tensor = None
+
+
+def micro_batches(positions, rows: dict, sizes: dict, split: Split, d: Dist,
+                  pad_id: int) -> list[dict]:
+    """This rank's micro-batches of the mini-batch of the prompts at `positions`, as tensors
+    (collate), as many as every other rank's; rows: step_rows'."""
+    plan = plan_micro_batches(positions, sizes, d.world_size, split)
+    passes = max(map(len, plan))
+    micro = []
+    for pairs in plan[d.rank]:
+        samples = [rows[pair] for pair in pairs]
+        micro.append(collate(samples, pad_id, d.device, split.share_prompts))
+    # Lockstep: a rank with fewer rows than the passes (or none) runs an idle micro-batch for each
+    # missing one: a one-token sample with Â = 0, an exactly zero gradient.
+    if passes > len(micro):
+        # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
+        idle = IdleSample([pad_id], [pad_id], old_logprobs=torch.zeros(1, device=d.device))
+        idle_batch = collate([idle], pad_id, d.device, split.share_prompts)
+        idle_batch["idle"] = True
+        micro += [idle_batch] * (passes - len(micro))
+    return micro
+
+
+def group_sizes(my_groups: dict, d: Dist) -> dict:
+    """Every rank's groups' sizes, {position: GroupSize}, from this rank's {position: group}:
+    what any rank needs to plan any other's micro-batches (one small gather)."""
+    my_sizes = []
+    for position, group in my_groups.items():
+        response_tokens = sum(len(s.completion_ids) for s in group)
+        row_lengths = tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group)
+        my_sizes.append(GroupSize(position, response_tokens, row_lengths, d.rank))
+    return {g.position: g for g in gather_lists(my_sizes, d)}

@@ -1,0 +1,100 @@
+"""The ranks of a torchrun job and their object collectives: a plain `python rlep.py` gets
+the same names (one rank). Rank 0 decides what every rank must agree on (rank0_decides: one
+broadcast of its answer, or of the error it raised); the ranks gather small lists (a step's sizes
+and counts) and bring results to rank 0, which alone writes files.
+
+Object collectives cost what they carry: `rank0_decides` broadcasts rank 0's answer once
+(torch's all_gather_object would pad every rank's copy to the largest and hand each rank all W of
+them), and `gather_to_rank0` brings results to the one rank that writes them."""
+import datetime
+import os
+from typing import NamedTuple
+
+import torch
+import torch.distributed as dist
+
+
+class Dist(NamedTuple):
+    distributed: bool  # under torchrun: W processes, the policy sharded by FSDP2
+    rank: int
+    world_size: int
+    device: torch.device
+    master_process: bool  # rank 0, which alone prints and writes files
+
+
+def setup_distributed(timeout_minutes: int = 180) -> Dist:
+    if int(os.environ.get("RANK", -1)) == -1:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return Dist(False, 0, 1, device, True)
+    rank = int(os.environ["RANK"])
+    local_rank = int(os.environ["LOCAL_RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    # NCCL's default can be shorter than a rank's generation
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    # vLLM reuses this group; with TP = 1 it must exist before the engine (docs/cpu.md)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        # Object collectives on gloo: pickles stay off the GPU. FSDP2's tensor collectives take
+        # NCCL, and so does dist.barrier (device_id is bound).
+        dist.init_process_group("cpu:gloo,cuda:nccl", device_id=device, timeout=timeout)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", timeout=timeout)
+    return Dist(True, rank, world_size, device, rank == 0)
+
+
+def gather_lists(items: list, d: Dist) -> list:
+    """Every rank's list, concatenated in rank order, on every rank: for what each rank needs of
+    the others (small: a step's sizes and counts)."""
+    if not d.distributed:
+        return items
+    gathered = [None] * d.world_size
+    dist.all_gather_object(gathered, items)
+    return [x for part in gathered for x in part]
+
+
+def first_flagged(flags: list[tuple], count: int) -> list:
+    """The first `count` keys, in key order, whose flag is true, made up with the first false
+    ones where fewer are true; returned in key order. flags: (key, flag) pairs gathered from
+    every rank (gather_lists), so that every rank chooses alike."""
+    ordered = sorted(flags)
+    chosen = [key for key, flag in ordered if flag][:count]
+    chosen += [key for key, flag in ordered if not flag][:count - len(chosen)]
+    return sorted(chosen)
+
+
+def gather_to_rank0(items: list, d: Dist) -> list:
+    """Every rank's list, concatenated in rank order, on rank 0; the other ranks get []."""
+    if not d.distributed:
+        return items
+    gathered = [None] * d.world_size if d.master_process else None
+    dist.gather_object(items, gathered, dst=0)
+    if not d.master_process:
+        return []
+    return [x for part in gathered for x in part]
+
+
+def rank0_decides(decide, d: Dist):
+    """decide() on rank 0 alone; its answer, or the error it raised, on every rank, which returns
+    or raises the same. One answer for all: a shared filesystem (NFS caches listings) can show
+    ranks different files, and then they run different collectives; a refusal on rank 0 alone
+    would leave the others waiting in the next collective."""
+    answer, error = None, None
+    if d.master_process:
+        try:
+            answer = decide()
+        except Exception as e:  # re-raised below, on every rank
+            error = e
+    if d.distributed:
+        message = [(answer, error)]
+        dist.broadcast_object_list(message, src=0)
+        answer, error = message[0]
+    if error is not None:
+        raise error
+    return answer
+
+
+def barrier(d: Dist):
+    if d.distributed:
+        dist.barrier()

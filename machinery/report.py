@@ -1,0 +1,122 @@
+"""A finished run's report: the paper's comparison of baseline and RLEP per validation metric
+(peaks, when RLEP reaches the baseline's, finals), their curves, and where the time went
+(timings.json adds a resumed run's processes)."""
+import collections
+import json
+import os
+
+from machinery.files import read_jsonl, write_atomic
+
+
+def add_timings(out_dir: str, total: float, parts: dict, **more):
+    """timings.json: seconds in all and per part, added to a resumed run's earlier processes'
+    (counted in "processes")."""
+    path = os.path.join(out_dir, "timings.json")
+    earlier = (read_jsonl(path) or [{}])[0]  # one line
+    spent = collections.Counter(earlier.get("parts_s", {}))
+    spent.update(parts)
+    processes = earlier.get("processes", 1 if earlier else 0) + 1
+    timings = {"total_s": earlier.get("total_s", 0) + total, "parts_s": spent,
+               "processes": processes, **more}
+    write_atomic(path, json.dumps(timings))
+
+
+def validation_curves(run_dir: str, part: str) -> dict:
+    """{val_acc or val_acc/<source>: [(step, value)]} of a part's metrics.jsonl."""
+    curves = collections.defaultdict(dict)
+    for row in read_jsonl(os.path.join(run_dir, part, "metrics.jsonl")):
+        for key, value in row.items():
+            if key.startswith("val_acc") and value is not None:
+                curves[key][row["step"]] = value
+    return {key: sorted(points.items()) for key, points in curves.items()}
+
+
+def comparison_table(run_dirs: list[str]) -> str:
+    """The paper's comparison per run and validation metric: the peaks, when RLEP first reaches
+    the baseline's, the finals."""
+    def cell(point):
+        if point is None:
+            return "n/a"
+        return f"{100 * point[1]:.1f} (step {point[0]})"
+
+    def peak(curve):
+        # the earliest of equal peaks
+        if not curve:
+            return None
+        return max(curve, key=lambda point: (point[1], -point[0]))
+
+    lines = ["| run | metric | baseline peak | RLEP reaches it at | RLEP peak "
+             "| baseline final | RLEP final |", "|---" * 7 + "|"]
+    for run_dir in run_dirs:
+        base_curves = validation_curves(run_dir, "phase1")
+        rlep_curves = validation_curves(run_dir, "phase2")
+        if not base_curves and not rlep_curves:
+            raise ValueError(f"{run_dir}: no val_acc in phase1/metrics.jsonl "
+                             "or phase2/metrics.jsonl")
+        name = os.path.basename(os.path.normpath(run_dir))
+        for key in sorted(set(base_curves) | set(rlep_curves)):
+            base = base_curves.get(key, [])
+            ours = rlep_curves.get(key, [])
+            reached = "n/a"
+            if base and ours:
+                target = peak(base)[1]
+                reached = next((f"step {s}" for s, v in ours if v >= target),
+                               "never")
+            cells = [name, key, cell(peak(base)), reached, cell(peak(ours)),
+                     cell(base[-1] if base else None),
+                     cell(ours[-1] if ours else None)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def save_plot(path: str, panels: dict, ylabel: str) -> str:
+    """panels: {title: [(label, steps, values, linestyle, colour index)]}, a subplot each.
+    Returns the line to print."""
+    try:
+        # picks a file-only backend on machines without a display
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"no plot ({path}): matplotlib is not installed"
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4),
+                             squeeze=False, layout="constrained")
+    for ax, (title, lines) in zip(axes[0], panels.items()):
+        for label, steps, values, style, colour in lines:
+            percent = [100 * v for v in values]
+            ax.plot(steps, percent, style, color=f"C{colour}", marker=".",
+                    label=label)
+        ax.set(title=title, xlabel="training step", ylabel=ylabel)
+        ax.legend()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"plot: {path}"
+
+
+def plot_comparison(run_dirs: list[str], path: str) -> str:
+    """The runs' validation curves: a panel per metric, a colour per run, the baseline (phase
+    one) dashed, RLEP (phase two) solid."""
+    panels = collections.defaultdict(list)
+    parts = (("phase1", "baseline", "--"), ("phase2", "RLEP", "-"))
+    for i, run_dir in enumerate(run_dirs):
+        name = os.path.basename(os.path.normpath(run_dir))
+        for part, label, style in parts:
+            for key, curve in validation_curves(run_dir, part).items():
+                steps = [s for s, _ in curve]
+                values = [v for _, v in curve]
+                panels[key].append((f"{name} {label}", steps, values, style, i))
+    return save_plot(path, dict(sorted(panels.items())),
+                     "validation avg@k (%)")
+
+
+def final_report(out_dir: str, compare: bool, total: float, spent: dict, gflops) -> str:
+    """Rank 0's end of rlep.py: with `compare`, the comparison table (returned; else "") and
+    curves.png; the time table, seconds per activity; timings.json, where a resumed run's
+    processes add up."""
+    table = ""
+    if compare:
+        table = comparison_table([out_dir])
+        print(table)
+        print(plot_comparison([out_dir], os.path.join(out_dir, "curves.png")))
+    shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()]
+    print(f"time: {total:.0f} s | " + " | ".join(shown))
+    add_timings(out_dir, total, spent, linear_gflops=gflops)
+    return table

@@ -1,0 +1,130 @@
+"""A training step's row of metrics.jsonl: each rank's sums (step_counts), the step's
+metrics from all ranks' (step_record), its printed line, and the optional live curves on Weights &
+Biases (--wandb_project; wandb is imported only then)."""
+import collections
+import os
+
+import torch
+
+from machinery.files import write_atomic
+
+
+def logprob_gaps(trained: list) -> list[float]:
+    """|log π_θold - vLLM's log-prob| per fresh token a rank trained (samples with replay,
+    old_logprobs from the update, vllm_logprobs from the engine): stale weights, a wrong T or
+    stop, a precision drift show here."""
+    fresh = [s for s in trained if not s.replay]
+    # one copy to the host
+    old = torch.cat([s.old_logprobs for s in fresh]).tolist() if fresh else []
+    sampled = [lp for s in fresh for lp in s.vllm_logprobs]
+    return [abs(a - b) for a, b in zip(old, sampled)]
+
+
+def step_counts(groups: list[list], visits: list[dict], gaps: list[float], tokenizer, cfg,
+                stop_ids: list[int], update: dict) -> dict:
+    """This rank's sums for the step's metrics (step_record adds the ranks'): groups, lists of
+    samples (replay, correct, reward, advantage, completion_ids); visits, a dict per prompt visit
+    (rescued, replays); gaps, logprob_gaps'; update, the update's summary (its token counts)."""
+    fresh = [s for g in groups for s in g if not s.replay]
+    ends = collections.Counter()
+    for s in fresh:
+        # the stop token that ended a response, or "length" if it was cut at L_max
+        cut = len(s.completion_ids) >= cfg.max_response_len
+        last = s.completion_ids[-1]
+        token = tokenizer.convert_ids_to_tokens(last)
+        ends["length" if cut and last not in stop_ids else token] += 1
+    return {"samples": sum(map(len, groups)), "fresh": len(fresh),
+            "correct": sum(s.correct for s in fresh),
+            "tokens": sum(len(s.completion_ids) for s in fresh),
+            "reward": sum(s.reward for g in groups for s in g), "groups": len(groups),
+            "zero_std": sum(all(s.advantage == 0 for s in g) for g in groups),
+            "rescued": sum(v["rescued"] for v in visits),
+            "pooled": sum(v["replays"] > 0 for v in visits),
+            "gap_sum": sum(gaps), "gap_max": max(gaps, default=0.0),
+            "ends": dict(ends), "visits": visits,
+            "trained_tokens": update["trained_tokens"],
+            "trained_response_tokens": update["trained_response_tokens"]}
+
+
+def step_record(ranks: list[dict]) -> dict:
+    """The step's metrics from every rank's step_counts."""
+    total = collections.Counter()
+    ends = collections.Counter()
+    visits = []
+    for counts in ranks:
+        ends.update(counts["ends"])
+        visits += counts["visits"]
+        sums = {k: v for k, v in counts.items() if k not in ("ends", "visits")}
+        # update adds negative sums too (a Counter's + would drop them)
+        total.update(sums)
+    return {"reward_mean": total["reward"] / total["samples"],
+            "acc_fresh": total["correct"] / total["fresh"],
+            "response_len": total["tokens"] / total["fresh"],
+            "zero_std_frac": total["zero_std"] / total["groups"],
+            # m / (n + m) in phase two
+            "replay_frac": 1 - total["fresh"] / total["samples"],
+            # the visits rescued (every fresh answer wrong, a replay right), and their share of the
+            # visits to pooled prompts
+            "rescued": total["rescued"],
+            "rescued_frac": total["rescued"] / max(1, total["pooled"]),
+            "ends": {k: v / total["fresh"] for k, v in ends.items()},
+            "logprob_gap_mean": total["gap_sum"] / total["tokens"],
+            "logprob_gap_max": max(r["gap_max"] for r in ranks),
+            "trained_tokens": total["trained_tokens"],
+            "trained_response_tokens": total["trained_response_tokens"],
+            "visits": visits}
+
+
+def log_step(part: str, step: int, steps: int, record: dict):
+    keys = ("reward_mean", "acc_fresh", "response_len", "replay_frac", "rescued", "clip_frac",
+            "ratio_max", "grad_norm", "logprob_gap_max", "val_acc", "t_generation", "t_training")
+    shown = [f"{k} {record[k]:.3g}" for k in keys if k in record]
+    if record.get("gen_capped"):  # --max_gen_rounds: dropped groups fill the step
+        shown.append(f"capped: {record['kept_groups']} groups mixed")
+    print(f"{part} step {step}/{steps} | " + " | ".join(shown), flush=True)
+
+
+wandb_run = None  # the command's W&B run, on rank 0; None: not tracking
+
+
+def start_wandb(project: str, out_dir: str, config: dict, name: str):
+    """One W&B run per out_dir: a resumed run continues it (its id is kept in out_dir). Each
+    part's metrics are named phase1/... and phase2/..., against the part's own step, so the
+    baseline's and RLEP's curves share an axis."""
+    global wandb_run
+    import wandb
+    id_path = os.path.join(out_dir, "wandb_id")
+    if os.path.isfile(id_path):
+        run_id = open(id_path, encoding="utf-8").read().strip()
+    else:
+        run_id = os.urandom(4).hex()  # W&B ids: 8 lowercase letters or digits
+        write_atomic(id_path, run_id)
+    wandb_run = wandb.init(project=project, id=run_id, resume="allow", name=name,
+                           config=config, dir=out_dir)
+    for part in ("phase1", "phase2"):
+        wandb_run.define_metric(f"{part}/step")
+        wandb_run.define_metric(f"{part}/*", step_metric=f"{part}/step")
+
+
+def track(part: str, record: dict):
+    """A metrics.jsonl row, its numbers under the part's name; nothing when not tracking."""
+    if wandb_run is None:
+        return
+    numbers = {k: v for k, v in record.items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    wandb_run.log({f"{part}/{k}": v for k, v in numbers.items()})
+
+
+def finish_wandb(table: str = ""):
+    """The comparison table (comparison_table's markdown) as a W&B table, then the end."""
+    global wandb_run
+    if wandb_run is None:
+        return
+    if table:
+        import wandb
+        head, _, *body = [line.strip("|").split(" | ") for line in table.splitlines()]
+        columns = [c.strip() for c in head]
+        rows = [[c.strip() for c in row] for row in body]
+        wandb_run.log({"comparison": wandb.Table(columns=columns, data=rows)})
+    wandb_run.finish()
+    wandb_run = None

