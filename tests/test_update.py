@@ -139,6 +139,57 @@ def test_a_rank_with_fewer_micro_batches_than_the_passes_adds_nothing_to_the_upd
     updates_on_one_and_two_ranks(tiny_model, tmp_path, free_port, cfg, groups)
 
 
+class OneLayer(torch.nn.Module):
+    """The shape shard() reads of a causal LM (model.model.layers), one 4 x 4 linear layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.layers = torch.nn.ModuleList([torch.nn.Linear(4, 4, bias=False)])
+
+    def forward(self, x):
+        return self.model.layers[0](x)
+
+
+def reduce_on_rank(rank, port, out):
+    """A bf16 run's shard() of OneLayer on 2 ranks; rank r's loss makes its local gradient
+    scale_r in every weight (x is ones), exact in bf16: 1 on rank 0, 2^-9 on rank 1. Rank 0
+    saves the reduced gradient and the dtype the layer computed with."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    d = rlep.Dist(True, rank, 2, cpu, rank == 0)
+    model = OneLayer()
+    machinery.shard(model, model, d, gather_bf16=True)
+    seen = []
+    layer = model.model.layers[0]
+    layer.register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
+    # as ppo_update runs a bf16 run's forward
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
+        y = model(torch.ones(1, 4))
+    (y.float().sum() * (1.0 if rank == 0 else 2.0 ** -9)).backward()
+    grad = layer.weight.grad.full_tensor()
+    if rank == 0:
+        torch.save({"grad": grad, "gathered": seen[0]}, out)
+    del model
+    gc.collect()
+    dist.destroy_process_group()
+
+
+def test_a_bf16_run_gathers_bf16_weights_and_reduces_gradients_in_fp32(tmp_path, free_port):
+    """Local gradients 1 and 2^-9 (each exact in bf16): their mean over the 2 ranks, 0.5 +
+    2^-10, needs 10 bits of mantissa where bf16 has 8; reduced in bf16 it rounds to 0.5. FSDP2
+    on gloo shows it on a CPU (it reduces in reduce_dtype there too)."""
+    mp.spawn(reduce_on_rank, args=(free_port, tmp_path / "reduced.pt"), nprocs=2)
+    reduced = torch.load(tmp_path / "reduced.pt")
+    expected = (1.0 + 2.0 ** -9) / 2
+    assert torch.tensor(expected).bfloat16().item() != expected  # bf16 cannot hold it
+    assert reduced["grad"].dtype == torch.float32
+    assert reduced["grad"].tolist() == [[expected] * 4] * 4
+    # the weights a bf16 run's forward computes with: gathered in bf16
+    assert reduced["gathered"] == torch.bfloat16
+
+
 def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, monkeypatch):
     cfg = rlep.parse_config(["--preset", "tiny", "--lr", "0.02", "--epochs", "2",
                              "--mini_batch_prompts", "2", "--micro_batch_size", "6"])
