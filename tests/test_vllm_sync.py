@@ -9,6 +9,8 @@ import data
 import machinery
 import rlep
 
+single = rlep.Dist(False, 0, 1, torch.device("cpu"), True)
+
 
 @pytest.fixture
 def engine(tiny_engine):
@@ -72,3 +74,25 @@ def test_the_push_guard_catches_a_weight_that_did_not_arrive(engine, tiny_model)
     with pytest.raises(RuntimeError, match=message):
         engine.push(Skipping())
     engine.push(model)  # a full push passes the guard again
+
+
+def test_the_update_takes_pi_old_at_the_runs_temperature(engine, tiny_model):
+    """A step at --temperature 0.6, through the run's own calls (build_policy, make_groups,
+    ppo_update): π_θold of every fresh token the update trained matches the log-prob vLLM
+    sampled it with, as closely as at T 1; the same tokens at T 1 are far off."""
+    cfg = rlep.parse_config(["--preset", "tiny", "--temperature", "0.6"])
+    _, engine = engine
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rows = data.read_rows(cfg.train_file)
+    policy, optimizer = rlep.build_policy(tiny_model, cfg, single)
+    engine.push(policy.model)
+    my_groups, _ = rlep.make_groups(cfg, "phase1", 0, 0, rows, engine, tokenizer,
+                                    tokenizer.eos_token_id, single, False, {})
+    fresh = [s for g in my_groups.values() for s in g]
+    # the engine's log-probs, against the step's starting weights at T 1
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    assert max_logprob_gap(model, fresh[:16], temperature=1.0) > 1e-2
+    sequences = cfg.mini_batch_prompts * cfg.n
+    _, trained = rlep.ppo_update(policy, optimizer, my_groups, sequences, cfg, single, 0, seed=0)
+    gaps = data.logprob_gaps(trained)
+    assert len(gaps) == sum(len(s.completion_ids) for s in fresh) and max(gaps) < 1e-4
