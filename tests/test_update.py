@@ -254,6 +254,35 @@ def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, m
     assert abs(stats["ratio_mean"] - 1) > 1e-3
 
 
+def test_each_later_epoch_takes_the_mini_batches_in_its_own_seeded_order(tiny_model,
+                                                                         monkeypatch):
+    """4 prompts, a mini-batch each, 3 epochs: the first epoch trains them in the step's order,
+    each later one in a shuffled order of the same mini-batches, drawn for that epoch."""
+    cfg = rlep.parse_config(["--preset", "tiny", "--epochs", "3", "--mini_batch_prompts", "1",
+                             "--micro_batch_size", "16", "--lr", "0"])
+    d = rlep.Dist(False, 0, 1, cpu, True)
+    policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
+    groups = make_groups(4, cfg.n, seed=6)
+    position = {id(s): p for p, g in enumerate(groups) for s in g}
+    collated = []
+    real_collate = machinery.collate
+
+    def recording_collate(samples, *a, **k):
+        collated.append(position[id(samples[0])])
+        return real_collate(samples, *a, **k)
+    monkeypatch.setattr(machinery, "collate", recording_collate)
+    later = []
+    for seed in range(5):
+        collated.clear()
+        rlep.ppo_update(policy, optimizer, dict(enumerate(groups)), cfg.n, cfg, d, 0, seed=seed)
+        # a micro-batch a group: collated an epoch at a time, in the epoch's order
+        epochs = [collated[:4], collated[4:8], collated[8:]]
+        assert epochs[0] == [0, 1, 2, 3] and all(sorted(e) == [0, 1, 2, 3] for e in epochs)
+        later.append(epochs[1:])
+    assert any(second != [0, 1, 2, 3] for second, _ in later)
+    assert any(second != third for second, third in later)
+
+
 def test_resume_hands_torch_a_cpu_rng_state(tiny_model, tmp_path, monkeypatch):
     cfg = rlep.parse_config(["--preset", "tiny"])
     d = rlep.Dist(False, 0, 1, cpu, True)
