@@ -3,11 +3,14 @@
 gen_* counts every run logs; with the real engine on the tiny preset, a resumed run and a 2-rank
 run against an uninterrupted 1-rank one.
 Run: python -m pytest -q tests/test_dynamic_sampling.py (about a minute and a half)"""
+import json
 import os
 import random
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
 from machinery import checkpoints, data, ranks, step_metrics, vllm_engine
@@ -126,6 +129,65 @@ def test_at_the_cap_the_dropped_groups_fill_the_step_earliest_first(tiny_model, 
     record = {"reward_mean": 0.0, **meter}
     step_metrics.log_step("phase1", 3, 4, record)
     assert "capped: 3 groups mixed" in capsys.readouterr().out
+
+
+# Two rounds on 2 ranks where the choice binds: 3 mixed groups, then 7 for the 5 places left.
+# Rank r reports positions r, r + 2, ... (make_groups's gather, in rank order): the first 5
+# mixed of round 1 in that order are positions 0, 4, 6, 1, 3, where the stream's are 0, 1, 3,
+# 4, 5
+binding = (".xx..x..", "xx.xxxxx")
+binding_kept = [(0, 1), (0, 2), (0, 5), (1, 0), (1, 1), (1, 3), (1, 4), (1, 5)]
+
+
+def gathered(patterns, world_size):
+    """make_groups's flags on `world_size` ranks: each round's, every rank's in rank order."""
+    return [((j, p), pattern[p] == "x") for j, pattern in enumerate(patterns)
+            for rank in range(world_size) for p in range(rank, len(pattern), world_size)]
+
+
+def test_the_choice_takes_stream_order_not_the_order_the_ranks_report_in():
+    for world_size in (1, 2, 4):
+        assert ranks.first_flagged(gathered(binding, world_size), 8) == binding_kept
+    # it binds: the first 8 mixed in the 2 ranks' report order are other groups
+    reported = [key for key, flag in gathered(binding, 2) if flag][:8]
+    assert sorted(reported) != binding_kept
+
+
+def groups_on_rank(rank, port, model_path, out):
+    """make_groups on rank `rank` of 2, with the binding schedule: the kept groups it holds,
+    {place in the step: (row id, the (round, position) it was made at)}, saved as json."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2)
+    cfg = rlep.parse_config(["--preset", "tiny", "--dynamic_sampling"])
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    rows = data.read_rows(cfg.train_file)
+    # this rank generates positions rank, rank + 2, ...
+    engine = ScheduledEngine(tokenizer, rows, cfg, flags_of(*(p[rank::2] for p in binding)))
+    d = ranks.Dist(True, rank, 2, cpu, rank == 0)
+    my_groups, meter = rlep.make_groups(cfg, "phase1", 2, 3, rows, engine, tokenizer,
+                                        tokenizer.eos_token_id, d, False, {})
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"groups": {i: g[0].row_id for i, g in my_groups.items()}, "meter": meter}, f)
+    dist.destroy_process_group()
+
+
+def test_two_ranks_keep_the_same_groups_in_the_same_places_as_one_where_the_choice_binds(
+        tiny_model, tmp_path, free_port):
+    cfg, my_groups, meter, ids, _ = groups_of_step(tiny_model, flags_of(*binding),
+                                                   "--dynamic_sampling")
+    one = [g[0].row_id for g in my_groups.values()]
+    assert list(my_groups) == list(range(8)) and meter["gen_rounds"] == 2
+    assert one == [ids[j][p] for j, p in binding_kept]
+    mp.spawn(groups_on_rank, args=(free_port, tiny_model, str(tmp_path)), nprocs=2)
+    ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    two = {int(i): row_id for r in ranks for i, row_id in r["groups"].items()}
+    assert [two[i] for i in range(8)] == one and sum(len(r["groups"]) for r in ranks) == 8
+    # each kept group stays on the rank that made it: position p on rank p % 2
+    for rank, r in enumerate(ranks):
+        assert sorted(map(int, r["groups"])) == [i for i, (_, p) in enumerate(binding_kept)
+                                                 if p % 2 == rank]
+        assert r["meter"] == meter
 
 
 def test_replays_rescue_a_group_whose_fresh_rollouts_all_fail(tiny_model):

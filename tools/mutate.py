@@ -36,6 +36,15 @@ both_rules = ("tests/test_eval.py::"
               "test_a_boxed_only_answer_is_right_by_equivalence_and_wrong_by_the_paper_rule")
 planner = "tests/test_planner.py"
 two_rank_update = "tests/test_update.py::test_one_rank_and_two_ranks_make_the_same_update"
+update_tests = "tests/test_update.py::"
+uneven_lockstep = (update_tests + "test_a_rank_with_fewer_micro_batches_than_the_passes_adds_"
+                   "nothing_to_the_update")
+bf16_update = update_tests + "test_a_bf16_run_gathers_bf16_weights_and_reduces_gradients_in_fp32"
+epoch_orders = update_tests + "test_each_later_epoch_takes_the_mini_batches_in_its_own_seeded_order"
+checkpointing = ("tests/test_load.py::"
+                 "test_the_policy_recomputes_its_layers_in_backward_with_gradient_checkpointing")
+sync = "tests/test_vllm_sync.py::"
+stale_part = sync + "test_the_push_guard_catches_a_small_stale_part_of_a_fused_parameter"
 mutations = [
     # the loss
     ("eps swapped in the clip", "rlep.py",
@@ -254,6 +263,52 @@ mutations = [
      [paper_rule]),
     ("paper rule: the gold not normalised", "verify.py", "== _dapo_normalize(gold)", "== gold",
      [paper_rule]),
+    # the lockstep, the bf16 reduce, the update's T, the push and its guard
+    ("a short rank repeats its last micro-batch", "machinery/planner.py",
+     "micro += [idle_batch] * (passes - len(micro))",
+     "micro += [micro[-1] if micro else idle_batch] * (passes - len(micro))", [uneven_lockstep]),
+    ("idle passes counted in the metrics", "rlep.py", '                if not micro.get("idle"):',
+     "                if True:", [uneven_lockstep]),
+    ("shared groups planned at position % W", "machinery/planner.py",
+     "GroupSize(position, response_tokens, row_lengths, d.rank)",
+     "GroupSize(position, response_tokens, row_lengths, position % d.world_size)",
+     [uneven_lockstep]),
+    ("bf16 runs reduce gradients in bf16", "machinery/fsdp.py", "reduce_dtype=torch.float32,",
+     "reduce_dtype=torch.bfloat16,", [bf16_update]),
+    ("bf16 runs gather fp32 weights", "machinery/fsdp.py",
+     "mp_policy = mixed if gather_bf16 else MixedPrecisionPolicy()",
+     "mp_policy = MixedPrecisionPolicy()", [bf16_update]),
+    ("build_policy never asks for bf16 gathers", "rlep.py", 'gather_bf16=cfg.dtype == "bfloat16")',
+     "gather_bf16=False)", [bf16_update]),
+    ("the update's log-probs at T 1", "rlep.py",
+     "policy = fsdp.TokenLogProbs(model, cfg.temperature)",
+     "policy = fsdp.TokenLogProbs(model, 1.0)",
+     [sync + "test_the_update_takes_pi_old_at_the_runs_temperature"]),
+    ("the policy built in eval mode", "machinery/fsdp.py", "    model.train()\n", "",
+     [checkpointing]),
+    ("build_policy ignores --gradient_checkpointing", "rlep.py",
+     "model = fsdp.load_model(path, d, cfg.gradient_checkpointing)",
+     "model = fsdp.load_model(path, d, False)", [checkpointing]),
+    ("later epochs in the first one's order", "rlep.py",
+     "planner.plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))",
+     "planner.plan_mini_batches(len(sizes), num_updates, 0, seed_for(seed, epoch))",
+     [epoch_orders]),
+    ("every later epoch in one order", "rlep.py",
+     "planner.plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))",
+     "planner.plan_mini_batches(len(sizes), num_updates, epoch, seed)", [epoch_orders]),
+    ("a push keeps the prompt blocks cached under the old weights", "machinery/vllm_engine.py",
+     "        self.llm.reset_prefix_cache()", "        pass",
+     [sync + "test_a_push_drops_the_prompt_blocks_cached_under_the_old_weights"]),
+    ("push guard: up_proj recorded under its own name", "machinery/vllm_engine.py",
+     'r"\\.(gate|up)_proj\\."', 'r"\\.(gate)_proj\\."',
+     [sync + "test_every_weight_a_push_records_is_an_engine_parameter"]),
+    ("push guard: v_proj recorded under its own name", "machinery/vllm_engine.py",
+     'r"\\.[qkv]_proj\\."', 'r"\\.[qk]_proj\\."',
+     [sync + "test_every_weight_a_push_records_is_an_engine_parameter", stale_part]),
+    ("push guard within 1 %", "machinery/vllm_engine.py", "rel_tol=1e-9, abs_tol=1e-12",
+     "rel_tol=1e-2, abs_tol=1e-12", [stale_part]),
+    ("push guard's sum drops a chunk's last element", "machinery/vllm_engine.py",
+     "flat[i:i + chunk]", "flat[i:i + chunk - 1]", [sync + "test_float64_sum_adds_every_chunk"]),
     # --dynamic_sampling (a control)
     ("dynamic sampling: replays not counted in a group's variance", "rlep.py",
      "return len({s.correct for s in group}) > 1  # control",
@@ -265,6 +320,11 @@ mutations = [
      "chosen += []",
      [dynamic + "test_the_first_mixed_groups_in_stream_order_are_kept_and_dropped_ones_fill_a_"
       "short_step", dynamic + "test_at_the_cap_the_dropped_groups_fill_the_step_earliest_first"]),
+    ("dynamic sampling: chosen in the order the ranks report in", "machinery/ranks.py",
+     "    ordered = sorted(flags)", "    ordered = flags",
+     [dynamic + "test_the_choice_takes_stream_order_not_the_order_the_ranks_report_in",
+      dynamic + "test_two_ranks_keep_the_same_groups_in_the_same_places_as_one_where_the_choice_"
+      "binds"]),
     ("dynamic sampling: a later round reuses round 0's keys", "rlep.py",
      "extra = (j,) if j else ()  # control", "extra = ()  # control",
      [dynamic + "test_the_step_is_refilled_from_the_next_rounds_in_their_order"]),
