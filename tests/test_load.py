@@ -2,7 +2,8 @@
 ranks build the model on the meta device and receive their shards. On 2 ranks (FSDP2 on
 gloo) with the real SmolLM2-135M saved in bfloat16, as Qwen2.5-Math-7B is shipped: the
 weights, the tie of the head to the embedding and the rotary buffers equal a direct load,
-and rank 1's peak memory stays below rank 0's by most of the model's fp32 size. The policy is
+and rank 1's peak memory stays below rank 0's by most of the model's fp32 size; each decoder
+layer is an FSDP2 unit of its own (a pass gathers one layer at a time). The policy is
 built in train mode: with --gradient_checkpointing its layers run again in the backward.
 Run: python -m pytest -q tests/test_load.py"""
 import gc
@@ -11,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule
 from transformers import AutoModelForCausalLM
 
 from machinery import collate, models, ranks
@@ -39,8 +41,10 @@ def load(rank, port, model_dir, out):
     weights = get_model_state_dict(model, options=options)
     buffers = {name: b.clone() for name, b in model.named_buffers()}
     tied = model.lm_head.weight is model.model.embed_tokens.weight
-    torch.save({"peak": peak, "weights": weights, "buffers": buffers, "tied": tied},
-               out / f"rank{rank}.pt")
+    # FSDP2's units: each decoder layer its own, so a pass gathers one layer's weights at a time
+    units = [isinstance(layer, FSDPModule) for layer in model.model.layers]
+    torch.save({"peak": peak, "weights": weights, "buffers": buffers, "tied": tied,
+                "units": units + [isinstance(policy, FSDPModule)]}, out / f"rank{rank}.pt")
     # FSDP2's modules sit in reference cycles holding gloo's work objects: freed while the
     # group lives, or their threads can abort the process at exit
     del policy, model
@@ -63,7 +67,8 @@ def test_rank_zero_alone_reads_the_weights_and_every_rank_gets_them(tmp_path_fac
     direct = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     expected = direct.state_dict()
     for rank in ranks:
-        assert rank["tied"]
+        assert rank["tied"] and all(rank["units"])  # every decoder layer and the root
+        assert len(rank["units"]) == direct.config.num_hidden_layers + 1
         for name, buffer in direct.named_buffers():
             assert torch.equal(rank["buffers"][name], buffer), name
     gathered = ranks[0]["weights"]

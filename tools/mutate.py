@@ -45,6 +45,12 @@ checkpointing = ("tests/test_load.py::"
                  "test_the_policy_recomputes_its_layers_in_backward_with_gradient_checkpointing")
 sync = "tests/test_vllm_sync.py::"
 stale_part = sync + "test_the_push_guard_catches_a_small_stale_part_of_a_fused_parameter"
+bad_input = "tests/test_bad_input.py::"
+resume_fields = (bad_input + "test_fields_free_on_resume_are_config_fields_and_auto_takes_the_"
+                 "runs_dtype")
+refusals = [resume_fields, bad_input + "test_python_rlep_py_prints_one_line_and_exits_2",
+            bad_input + "test_bad_input_is_refused_before_anything_is_written"]
+tensor_row = "tests/test_ranks.py::test_a_row_carrying_a_tensor_is_refused_by_the_exchange"
 mutations = [
     # the loss
     ("eps swapped in the clip", "rlep.py",
@@ -309,6 +315,47 @@ mutations = [
      "rel_tol=1e-2, abs_tol=1e-12", [stale_part]),
     ("push guard's sum drops a chunk's last element", "machinery/vllm_engine.py",
      "flat[i:i + chunk]", "flat[i:i + chunk - 1]", [sync + "test_float64_sum_adds_every_chunk"]),
+    # the planner, the exchange, the ranks' choice, the resume comparison, the FSDP setup
+    ("a micro-batch row past the token budget", "machinery/planner.py",
+     "fits = [max(1, max_tokens // row_lengths[i]) for i in order]",
+     "fits = [max(1, max_tokens // row_lengths[i]) + 1 for i in order]", [planner]),
+    ("fewer micro-batches than the rows need", "machinery/planner.py",
+     "count = max(count, needs[0])", "count = count or needs[0]", [planner]),
+    ("micro-batches not heaviest first", "machinery/planner.py",
+     "micro_batches.sort(key=lambda run: -len(run) * max(row_lengths[i] for i in run))", "pass",
+     [planner]),
+    ("rows unsorted under a token budget", "machinery/planner.py",
+     "order.sort(key=lambda i: -row_lengths[i])", "pass", [planner]),
+    ("micro-batches dealt in blocks, not in turn", "machinery/planner.py",
+     "return [micro_batches[rank::world_size] for rank in range(world_size)]",
+     "return [micro_batches[rank * passes:(rank + 1) * passes] for rank in range(world_size)]",
+     [planner]),
+    ("the exchange lets a plain tensor through", "machinery/planner.py",
+     "if isinstance(obj, torch.Tensor):", "if isinstance(obj, torch.nn.Parameter):",
+     [tensor_row]),
+    ("dynamic sampling: the choice returned trues first", "machinery/ranks.py",
+     "    return sorted(chosen)\n", "    return chosen\n", ["tests/test_dynamic_sampling.py"]),
+    ("dynamic sampling: the latest dropped groups fill", "machinery/ranks.py",
+     "chosen += [key for key, flag in ordered if not flag][:count - len(chosen)]",
+     "chosen += [key for key, flag in ordered if not flag][::-1][:count - len(chosen)]",
+     ["tests/test_dynamic_sampling.py"]),
+    ("resume: --lr free to change", "machinery/checks.py",
+     '"gpu_memory_utilization", "wandb_project"}',
+     '"gpu_memory_utilization", "wandb_project", "lr"}', refusals),
+    ("resume: dtype auto compared", "machinery/checks.py",
+     '\n               and not (name == "dtype" and now[name] == "auto")]', "]", [resume_fields]),
+    ("resume: a lacking field not recorded", "machinery/checks.py",
+     "for name in compared if name in changed or name in lacking]",
+     "for name in compared if name in changed]", [resume_fields]),
+    ("resume: a fresh run's empty config compared", "machinery/checks.py",
+     "lacking = [name for name in compared if saved and name not in saved]",
+     "lacking = [name for name in compared if name not in saved]", refusals),
+    ("FSDP: rank 0's buffers not broadcast", "machinery/fsdp.py",
+     "        dist.broadcast(buffer, src=0)", "        pass",
+     ["tests/test_update.py", "tests/test_load.py"]),
+    ("FSDP: the decoder layers not units of their own", "machinery/fsdp.py",
+     "        fully_shard(layer, mp_policy=mp_policy)", "        pass",
+     ["tests/test_load.py::test_rank_zero_alone_reads_the_weights_and_every_rank_gets_them"]),
     # --dynamic_sampling (a control)
     ("dynamic sampling: replays not counted in a group's variance", "rlep.py",
      "return len({s.correct for s in group}) > 1  # control",
