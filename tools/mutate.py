@@ -5,6 +5,7 @@ occurs exactly once is reported stale (the code moved: update its pattern), neve
     python tools/mutate.py              # every mutation: one line each, then the total
     python tools/mutate.py NAME ...     # only these
     python tools/mutate.py --list
+    python tools/mutate.py --equivalent # the edits judged equivalent: each should survive
 
 A mutation runs the fast tests, or the tests it names (a file or a pytest node id each): the
 unmutated copy must pass those of the mutations chosen. Its edit is one (pattern, replacement),
@@ -403,6 +404,30 @@ mutations = [
      [both_rules]),
 ]
 
+# Edits a search tried that no test can kill, because none changes what a run computes (why, for
+# each); `--equivalent` runs them, and each is expected to survive its tests.
+equivalent = [
+    ("step_rows plans epoch 1's order", "machinery/planner.py",
+     "for positions in plan_mini_batches(len(sizes), num_updates, 0, 0):",
+     "for positions in plan_mini_batches(len(sizes), num_updates, 1, 0):",
+     [planner, "tests/test_update.py"],
+     "the same runs in another order: every rank sends and receives the same rows, in another "
+     "order of a dict that nothing reads in order"),
+    ("rank 0's gather in reverse rank order", "machinery/ranks.py",
+     "    return [x for part in gathered for x in part]\n\n\ndef rank0_decides",
+     "    return [x for part in gathered[::-1] for x in part]\n\n\ndef rank0_decides",
+     ["tests/test_dynamic_sampling.py"],
+     "its one caller, sample_and_grade, sorts the records by row order (ids are unique)"),
+    ("FSDP2 casts the forward's inputs", "machinery/fsdp.py", "cast_forward_inputs=False)",
+     "cast_forward_inputs=True)", ["tests/test_update.py", "tests/test_load.py"],
+     "it casts floating tensors, into a copy of the arguments; the forward reads token ids, "
+     "positions and the mask (integers, booleans) and only the shape of completion_mask"),
+    ("the model's KV cache left on in training", "machinery/fsdp.py",
+     "    model.config.use_cache = False\n", "", ["tests/test_update.py", "tests/test_load.py"],
+     "the logits are the same; the cache holds the keys and values autograd keeps for the "
+     "backward anyway, and transformers turns it off under gradient checkpointing"),
+]
+
 
 def tests_of(mutation) -> list[str]:
     return list(mutation[4]) if len(mutation) > 4 else fast_tests
@@ -426,11 +451,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("names", nargs="*", help="mutations to run (default: all)")
     parser.add_argument("--list", action="store_true")
+    parser.add_argument("--equivalent", action="store_true",
+                        help="run the equivalent edits instead: each should survive")
     args = parser.parse_args()
-    chosen = [m for m in mutations if not args.names or m[0] in args.names]
-    unknown = set(args.names) - {m[0] for m in mutations}
+    listed = equivalent if args.equivalent else mutations
+    chosen = [m for m in listed if not args.names or m[0] in args.names]
+    unknown = set(args.names) - {m[0] for m in listed}
     if args.list or unknown:
-        print("\n".join(m[0] for m in mutations))
+        print("\n".join(m[0] for m in listed))
         sys.exit(f"unknown mutations: {sorted(unknown)}" if unknown else 0)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="rlep-mutate-") as tmp:
@@ -469,6 +497,10 @@ def main():
             killed += status == 1
             print(f"{verdict:9s} {name} ({seconds:.0f} s)", flush=True)
     print(f"{killed}/{len(chosen)} mutations killed in {time.perf_counter() - started:.0f} s")
+    if args.equivalent:
+        for m in chosen:
+            print(f"equivalent: {m[0]}: {m[5]}")
+        sys.exit(0 if killed == 0 else 1)
     sys.exit(0 if killed == len(chosen) else 1)
 
 
