@@ -37,7 +37,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
-from machinery import checks, data, disk, errors, files, models, precision, ranks, report
+from machinery import UserError, data, disk, files, fsdp, hub, preflight, ranks, report
 import verify
 
 # verify.verify's modes, and their names in tables
@@ -117,7 +117,7 @@ def make_config(args, model_dir: str, d: ranks.Dist) -> rlep.Config:
     prompt_len = min(args.max_prompt_len, context // 2)
     new_tokens = min(args.max_new_tokens, context - prompt_len)
     # bf16 where it is faster (measured on a CPU); the ranks take rank 0's choice
-    dtype = ranks.rank0_decides(lambda: precision.resolve_dtype(args.dtype, d.device, model_dir), d)
+    dtype = ranks.rank0_decides(lambda: fsdp.resolve_dtype(args.dtype, d.device, model_dir), d)
     # equivalence, the costly rule, grades in sample_and_grade rank by rank; grade_both adds dapo
     return rlep.Config(
         model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
@@ -160,7 +160,7 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: ranks.Dist, out_dir: str
     old["rules"] = ["equivalence" if r == "default" else r for r in old.get("rules", [])]
     changed = sorted(key for key in settings if old.get(key) != settings[key])
     if changed:
-        raise errors.UserError(f"{out_dir}: samples made with other settings "
+        raise UserError(f"{out_dir}: samples made with other settings "
                              f"({', '.join(changed)}); use another --out_dir")
 
     # read_jsonl drops a killed run's torn last line; rank 0 rewrites the file without it
@@ -264,7 +264,8 @@ def compare(run_dirs: list[str], out_png: str) -> str:
     return f"{table}\n\n{report.plot_comparison(run_dirs, out_png)}\n"
 
 
-# each number's range, as checks.number_ranges: vLLM's sampling bounds; a sample, a token, a chunk
+# each number's range, as preflight.number_ranges: vLLM's sampling bounds; a sample, a token, a
+# chunk at least one
 number_ranges = {">= 1": "k max_new_tokens max_prompt_len chunk_problems", ">= 0": "seed",
                  "> 0": "temperature top_p gpu_memory_utilization",
                  "<= 1": "top_p gpu_memory_utilization", "<= 2": "temperature"}
@@ -298,7 +299,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                         help="auto: bfloat16 on a GPU; on a CPU the faster of float32 and "
-                             "bfloat16, measured (precision.resolve_dtype)")
+                             "bfloat16, measured (fsdp.resolve_dtype)")
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.85,
                         help="vLLM's share of the GPU (no trainer beside it: rlep.py's 0.55)")
     parser.add_argument("--chunk_problems", type=int, default=64,
@@ -311,22 +312,22 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    # bad input raises errors.UserError here, before anything is written or any engine starts
+    # bad input raises UserError here, before anything is written or any engine starts
     try:
         if args.compare:  # finished runs only: no engine
             print(compare(args.compare, os.path.join(args.out_dir, "compare.png")))
             return
-        checks.check_ranges(vars(args), number_ranges)
+        preflight.check_ranges(vars(args), number_ranges)
         benchmarks = load_benchmarks(args.data, args.cache_dir)
         names = args.model + [p for run_dir in args.run_dir for p in run_checkpoints(run_dir)]
         # a hub name (namespace/name, no folder here) is fetched once into huggingface_hub's
         # cache and read there; tables and settings.json keep the name
-        folders = [models.resolve_model(name, args.cache_dir, build=False) for name in names]
+        folders = [hub.model_folder(name, args.cache_dir, build=False) for name in names]
         # whole model folders, with a tokenizer the prompts can be rendered with
         for name, folder in zip(names, folders):
             flag = "--model" if name in args.model else "--run_dir"
-            checks.check_model(folder, flag)
-            checks.check_tokenizer(AutoTokenizer.from_pretrained(folder), name, flag)
+            preflight.check_model(folder, flag)
+            preflight.check_tokenizer(AutoTokenizer.from_pretrained(folder), name, flag)
         if len({repr(architecture(m)) for m in folders}) > 1:  # one engine serves them all
             raise ValueError("the models differ in architecture: evaluate them in separate calls")
         rlep.end_token_id(AutoTokenizer.from_pretrained(folders[0]), args.stop_token)
@@ -338,9 +339,9 @@ def main(argv=None):
             raise ValueError(f"two models would share an output folder: {subs}")
         disk.check_writable(args.out_dir)
     except OSError as e:  # a hub name offline, a folder --compare cannot make
-        raise errors.UserError(str(e).splitlines()[0]) from None
+        raise UserError(str(e).splitlines()[0]) from None
     except ValueError as e:
-        raise errors.UserError(str(e)) from None
+        raise UserError(str(e)) from None
     d = ranks.setup_distributed()
     engine = None
     try:
@@ -364,6 +365,6 @@ def main(argv=None):
 if __name__ == "__main__":
     try:
         main()
-    except errors.UserError as e:  # bad input: one line; any other error keeps its traceback
+    except UserError as e:  # bad input: one line; any other error keeps its traceback
         print(f"eval.py: {e}", file=sys.stderr)
         sys.exit(2)

@@ -65,13 +65,14 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 import verify
 # the support beside the method, a module each (machinery/): a call names where it goes
-from machinery import (checkpoints, checks, cli, data, errors, files, fsdp, lock, models, planner,
-                       precision, ranks, report, step_metrics, stops, vllm_engine)
+from machinery import (UserError, checkpoints, data, files, fsdp, hub, interrupts, metrics,
+                       planner, preflight, ranks, report, vllm_engine)
 
 
 # ---------------------------------------------------------------------------
@@ -83,7 +84,7 @@ dapo_template = (
     "problem.\n\n{problem}\n\nRemember to put your answer on its own line after \"Answer:\".")
 
 # The paper's data on the hub (hf://datasets/ORG/NAME/PATH, huggingface_hub's convention): fetched
-# once into its cache (data.local_file)
+# once into its cache (hub.local_file)
 dapo_train = "hf://datasets/BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet"
 rlep_val = "hf://datasets/Kwai-Klear/RLEP_dataset/dapo_format_aime2024_aime2025_amc2023.parquet"
 
@@ -208,7 +209,7 @@ def parse_config(argv=None) -> Config:
     # one line, not argparse's usage of every flag
     parser.error = lambda message: parser.exit(2, f"rlep.py: {message} (see --help)\n")
     # one source: a field's comment is its --help (and "{a, b}: " its choices)
-    for name, flag in cli.dataclass_flags(Config):
+    for name, flag in preflight.dataclass_flags(Config):
         parser.add_argument(f"--{name}", **flag)
     args = vars(parser.parse_args(argv))
     if "preset" not in args and torch.cuda.is_available():
@@ -256,7 +257,8 @@ def clock(activity: str, step_times: dict = None):
 
 # ---------------------------------------------------------------------------
 # Data: rows {"id", "problem", "answer" [, "prompt" (chat), "responses" (a pool's)]}, read and
-# checked by machinery/data.py and checks.py; here they become prompts, a step at a time
+# read by machinery/data.py in main, checked by preflight.py; here they become prompts, a step at a
+# time
 
 def prompt_text(tokenizer, row: dict, template: str) -> str:
     """The row's chat prompt, generation prompt included."""
@@ -278,7 +280,7 @@ def end_token_id(tokenizer, stop_token: str) -> int:
         return tokenizer.eos_token_id
     token_id = tokenizer.convert_tokens_to_ids(stop_token)
     if not isinstance(token_id, int) or token_id == tokenizer.unk_token_id:
-        raise errors.UserError(f"--stop_token {stop_token!r}: not a single token of "
+        raise UserError(f"--stop_token {stop_token!r}: not a single token of "
                                f"{tokenizer.name_or_path}")
     return token_id
 
@@ -305,10 +307,11 @@ def build_engine(cfg: Config, model_path: str, d: ranks.Dist) -> vllm_engine.Eng
 
 # The long argument lists here and in make_groups are kept: each is a value the caller holds by
 # name; a context object would hide what a function reads.
-def sample_and_grade(engine: vllm_engine.Engine, tokenizer, rows: list[dict], k: int, cfg: Config,
-                     stop_ids: list[int], d: ranks.Dist, seed_key: tuple, temperature: float = None,
-                     top_p: float = None, progress: bool = False, keep=None) -> list[dict]:
-    """k graded responses per row, the rows sharded over ranks (validation, eval.py, the
+def sample_and_grade(engine: vllm_engine.Engine, tokenizer, rows: list[dict], num_samples: int,
+                     cfg: Config, stop_ids: list[int], d: ranks.Dist, seed_key: tuple,
+                     temperature: float = None, top_p: float = None, progress: bool = False,
+                     keep=None) -> list[dict]:
+    """num_samples graded responses per row, the rows sharded over ranks (validation, eval.py, the
     collection). Rank 0, which writes them, gets every record (or what keep(record) keeps) in row
     order; the other ranks get []."""
     my_rows = rows[d.rank::d.world_size]
@@ -319,8 +322,9 @@ def sample_and_grade(engine: vllm_engine.Engine, tokenizer, rows: list[dict], k:
     seeds = [seed_for(*seed_key, row["id"]) for row in my_rows]
     completions = []
     if my_rows:
-        completions = engine.generate(prompts, k, temperature, top_p, cfg.max_response_len,
-                                      stop_ids, seeds, progress=progress and d.master_process)
+        completions = engine.generate(prompts, num_samples, temperature, top_p,
+                                      cfg.max_response_len, stop_ids, seeds,
+                                      progress=progress and d.master_process)
     records = []
     for row, group in zip(my_rows, completions):
         texts = [tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in group]
@@ -455,13 +459,119 @@ def imitation_loss(logprobs, replay_mask, num_tokens):
 
 
 # ---------------------------------------------------------------------------
-# The update: plan the mini-batches, take π_θold once, an optimizer step per mini-batch
+# The update: log π_θ at T of a micro-batch's response tokens, the mini-batches and their N, π_θold
+# once, an optimizer step per mini-batch
+
+class TokenLogProbs(torch.nn.Module):
+    """log π_θ(o_t | q, o_<t) per response token, from logits / T as vLLM samples them, of a
+    micro-batch from collate (below); the LM head runs on chunks of tokens (all logits at once:
+    the largest tensor)."""
+
+    def __init__(self, model, temperature: float, chunk_tokens: int = 1024):
+        super().__init__()
+        self.model = model
+        self.temperature = temperature
+        self.chunk_tokens = chunk_tokens
+
+    def _chunk_logps(self, hidden, targets):  # (tokens, H), (tokens,) -> (tokens,)
+        # h W / T as (h / T) W: a division of (tokens, H), not of (tokens, V)
+        logits = self.model.lm_head(hidden / self.temperature)  # (tokens, V)
+        # log softmax and gather in one fused op
+        return -F.cross_entropy(logits.float(), targets, reduction="none")
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        """(S, L) log-probs, 0 after each response's end."""
+        hidden = self.model.model(input_ids=batch["input_ids"],
+                                  attention_mask=batch["attention_mask"],
+                                  position_ids=batch["position_ids"]).last_hidden_state
+        # the state before each response token: (R, L, H) -> (tokens, H)
+        hidden = hidden.flatten(0, 1)[batch["sources"]]
+        targets = batch["targets"]  # (tokens,)
+        logps = []
+        for i in range(0, targets.numel(), self.chunk_tokens):
+            chunk = slice(i, i + self.chunk_tokens)
+            # recomputed in backward: one chunk of logits alive at a time
+            logps.append(torch.utils.checkpoint.checkpoint(
+                self._chunk_logps, hidden[chunk], targets[chunk], use_reentrant=False))
+        out = hidden.new_zeros(batch["completion_mask"].shape, dtype=torch.float32)  # (S, L)
+        # integer positions: a boolean mask would sync with the host
+        out.view(-1)[batch["completion_index"]] = torch.cat(logps)
+        return out
+
+
+def collate(samples: list, pad_id: int, device, share_prompts: bool = False) -> dict:
+    """A micro-batch as tensors; a row is [prompt | response], positions from 0 as in vLLM. With
+    share_prompts a row holds a prompt once, then each of its responses, each seeing only the
+    prompt and itself (a block-causal mask): the prompt's forward and backward run once, not n
+    times. Otherwise the mask stays 2-D (fused attention kernels). samples: objects with
+    (prompt_ids, completion_ids, advantage, replay, old_logprobs). The keys TokenLogProbs reads:
+    input_ids, position_ids, attention_mask; sources, the flat (row, column) of the state that
+    predicts each response token; targets, those tokens; completion_index, where each lands in
+    the (S, L) output."""
+    members = collections.defaultdict(list)  # row key -> the indices of its samples
+    for i, s in enumerate(samples):
+        members[tuple(s.prompt_ids) if share_prompts else i].append(i)
+    # per row: tokens, positions, segments (0: the prompt, j: its j-th response)
+    tokens, positions, segments = [], [], []
+    # per sample: the (row, column) of the state that predicts each of its tokens
+    sources = [None] * len(samples)
+    for ids in members.values():
+        prompt = samples[ids[0]].prompt_ids
+        p = len(prompt)
+        r = len(tokens)
+        tokens.append(list(prompt))
+        positions.append(list(range(p)))
+        segments.append([0] * p)
+        for j, i in enumerate(ids):
+            completion = samples[i].completion_ids
+            # state t - 1 predicts token t: the first token's is the prompt's last
+            start = len(tokens[r])
+            sources[i] = [(r, p - 1)] + [(r, start + t) for t in range(len(completion) - 1)]
+            tokens[r] += completion
+            # positions continue the prompt's, as vLLM numbers them
+            positions[r] += range(p, p + len(completion))
+            segments[r] += [j + 1] * len(completion)
+    length = max(map(len, tokens))
+
+    def pad(lists, value):  # -> (R, L)
+        return torch.tensor([x + [value] * (length - len(x)) for x in lists])
+
+    segments = pad(segments, -1)  # (R, L), -1 on padding
+    query, key = segments.unsqueeze(2), segments.unsqueeze(1)  # (R, L, 1), (R, 1, L)
+    # a token sees the prompt and its own response, causally: (R, 1, L, L)
+    attention = ((key == 0) | (key == query)).tril().unsqueeze(1)
+    if not share_prompts:
+        attention = (segments >= 0).long()  # (R, L)
+    lengths = torch.tensor([len(s.completion_ids) for s in samples])  # (S,)
+    completion_mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)  # (S, L)
+    batch = {
+        "input_ids": pad(tokens, pad_id),  # (R, L)
+        "position_ids": pad(positions, 0),  # (R, L)
+        "attention_mask": attention,
+        "sources": torch.tensor([r * length + t for s in sources for r, t in s]),  # (tokens,)
+        "targets": torch.tensor([t for s in samples for t in s.completion_ids]),  # (tokens,)
+        "completion_mask": completion_mask.long(),  # (S, L)
+        # (tokens,) positions in (S * L), in the order of targets
+        "completion_index": completion_mask.flatten().nonzero().squeeze(1),
+        "advantages": torch.tensor([s.advantage for s in samples]).float(),  # (S,)
+        "replays": torch.tensor([s.replay for s in samples]),  # (S,)
+    }
+    batch = {key: value.to(device) for key, value in batch.items()}
+    if all(s.old_logprobs is not None for s in samples):
+        # π_θold, carried by the samples as their advantages are (epochs after the first)
+        batch["old_logprobs"] = torch.nn.utils.rnn.pad_sequence(
+            [s.old_logprobs for s in samples], batch_first=True)  # (S, L), 0 after the end
+    batch["samples"] = samples
+    # the rows' real tokens: what the forward costs
+    batch["row_tokens"] = sum(map(len, tokens))
+    return batch
+
 
 def build_policy(path: str, cfg: Config, d: ranks.Dist):
     """π_θ and its AdamW: float32 master weights (under torchrun sharded by FSDP2 and read by
     rank 0 alone); log π_θ of each response token from logits / T, as vLLM samples them."""
     model = fsdp.load_model(path, d, cfg.gradient_checkpointing)
-    policy = fsdp.TokenLogProbs(model, cfg.temperature)
+    policy = TokenLogProbs(model, cfg.temperature)
     fsdp.shard(policy, model, d, gather_bf16=cfg.dtype == "bfloat16")
     # fused: one kernel for all parameters (CPU's default loops over them)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
@@ -485,7 +595,13 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
     # a cache of bf16 weight copies would cost 13 GiB for 7B
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
-    sizes = planner.group_sizes(my_groups, d)  # every rank's groups: {position: token counts}
+    # every rank's groups, {position: GroupSize} (one small gather): each group's response tokens,
+    # the end token and the replays' included, whose sum over a mini-batch is its N; its rows'
+    # lengths, by which the planner deals the rows
+    my_sizes = [planner.GroupSize(position, sum(len(s.completion_ids) for s in group),
+                                  tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group),
+                                  d.rank) for position, group in my_groups.items()]
+    sizes = {g.position: g for g in ranks.gather_lists(my_sizes, d)}
     total_samples = sum(len(g.row_lengths) for g in sizes.values())
     num_updates = max(1, round(total_samples / sequences_per_update))
     split = planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
@@ -499,7 +615,9 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
         # N: each mini-batch's response tokens on all ranks
         num_tokens = [sum(sizes[p].response_tokens for p in run) for run in runs]
         # this rank's micro-batches of each, as many as every other rank's (FSDP2's lockstep)
-        mini_batches = [planner.micro_batches(run, rows, sizes, split, d, pad_id) for run in runs]
+        mini_batches = [[collate(samples, pad_id, d.device, cfg.share_prompts) for samples
+                         in planner.micro_batches(run, rows, sizes, split, d, pad_id)]
+                        for run in runs]
         if epoch == 0:
             # π_θold of every sequence, replays included, in one no-grad pass before any update, for
             # every mini-batch but the first (below)
@@ -507,27 +625,28 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
                 for mini_batch in mini_batches[1:]:
                     for micro in mini_batch:
                         keep_old_logprobs(micro, policy(micro))
-        for k, mini_batch in enumerate(mini_batches):
+        for u, mini_batch in enumerate(mini_batches):  # u: the step's u-th update
             for micro in mini_batch:
                 with autocast:
                     logprobs = policy(micro)  # (S, L)
-                    if epoch == 0 and k == 0:
+                    if epoch == 0 and u == 0:
                         # the policy has not moved: its forward is π_θold (a pass saved; all of it
                         # when a step is 1 update)
                         keep_old_logprobs(micro, logprobs.detach())
                     loss, metrics = policy_loss(logprobs, micro["old_logprobs"],
                                                 micro["advantages"], micro["completion_mask"],
                                                 cfg.clip_low, cfg.clip_high, cfg.clip_c,
-                                                num_tokens=num_tokens[k])
+                                                num_tokens=num_tokens[u])
                     if cfg.replay_loss == "nll":
                         # control: replays imitated (their Â is 0)
                         replay_mask = micro["completion_mask"] * micro["replays"][:, None]
                         loss = loss + cfg.replay_coef * imitation_loss(
-                            logprobs, replay_mask, num_tokens[k])  # control
+                            logprobs, replay_mask, num_tokens[u])  # control
                 # A rank's loss is its tokens' share of the token mean (their sum over N); FSDP2
                 # averages gradients over the W ranks, so W times the loss sums the shares.
                 (loss * d.world_size).backward()
-                if not micro.get("idle"):
+                # an idle pass (FSDP2's lockstep) has no samples to count
+                if not isinstance(micro["samples"][0], planner.IdleSample):
                     for key, value in metrics.items():
                         stats[key].append(value)
                     # tokens through decoder and LM head: the step's FLOPs
@@ -544,8 +663,8 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
             stats["grad_norm"].append(grad_norm)
             stats["skipped_updates"].append(not math.isfinite(grad_norm))
     # to the host once a step: the means of this rank's micro-batches
-    summary = {k: float(torch.stack(stats.pop(k)).double().mean())
-               for k in ("clip_frac", "dual_clip_frac", "ratio_mean")}
+    summary = {key: float(torch.stack(stats.pop(key)).double().mean())
+               for key in ("clip_frac", "dual_clip_frac", "ratio_mean")}
     summary["ratio_max"] = float(torch.stack(stats.pop("ratio_max")).max())
     summary["grad_norm"] = float(np.mean(stats["grad_norm"]))
     summary["skipped_updates"] = float(np.sum(stats["skipped_updates"]))
@@ -582,10 +701,20 @@ def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
     return scores
 
 
-def mixed(group: list[Sample]) -> bool:
-    """control: answers right and wrong (verl's metric acc), replays included: a rescue (fresh
-    all wrong, a replay right) is kept."""
+def right_and_wrong(group: list[Sample]) -> bool:
+    """control: the group holds right and wrong answers (verl's metric acc), replays included: a
+    rescue (fresh all wrong, a replay right) is kept."""
     return len({s.correct for s in group}) > 1  # control
+
+
+def first_flagged(flags: list[tuple], count: int) -> list:
+    """control: the first `count` keys, in key order, whose flag is true, made up with the first
+    false ones where fewer are true; returned in key order. flags: (key, flag) pairs gathered from
+    every rank, so that every rank chooses alike."""
+    ordered = sorted(flags)
+    chosen = [key for key, flag in ordered if flag][:count]
+    chosen += [key for key, flag in ordered if not flag][:count - len(chosen)]
+    return sorted(chosen)
 
 
 def make_groups(cfg: Config, part: str, step: int, first_round: int, rows: list[dict],
@@ -593,11 +722,12 @@ def make_groups(cfg: Config, part: str, step: int, first_round: int, rows: list[
                 times: dict) -> tuple[dict, dict]:
     """This rank's groups, {position in the step: group}: n fresh rollouts each, plus m replays
     in phase two; and the step's counts. Round j is step_prompts's slot first_round + j. One
-    round a step; control: with --dynamic_sampling, rounds until B groups are mixed."""
+    round a step; control: with --dynamic_sampling, rounds until B groups hold right and wrong
+    answers."""
     B = cfg.prompts_per_step
     rounds = cfg.max_gen_rounds if cfg.dynamic_sampling else 1  # control
     made = {}  # (round, position) -> a group this rank made
-    flags = []  # every rank's ((round, position), mixed)
+    flags = []  # every rank's ((round, position), right_and_wrong)
     for j in range(rounds):
         order = step_prompts(len(rows), B, first_round + j, cfg.seed)
         positions = range(d.rank, B, d.world_size)  # rank r: r, r + W, ...
@@ -622,21 +752,21 @@ def make_groups(cfg: Config, part: str, step: int, first_round: int, rows: list[
                     rng = np.random.default_rng(seed)  # RLEP
                     replays = draw_replays(row["responses"], cfg.replay_m, rng)  # RLEP
                 made[j, p] = build_group(row, prompt_ids, fresh, tokenizer, cfg, end_id, replays)
-        flags += ranks.gather_lists([((j, p), mixed(made[j, p])) for p in positions], d)
-        mixed_groups = sum(flag for _, flag in flags)
-        if mixed_groups >= B:
+        flags += ranks.gather_lists([((j, p), right_and_wrong(made[j, p])) for p in positions], d)
+        with_signal = sum(flag for _, flag in flags)
+        if with_signal >= B:
             break
     with clock("generation", times):
         engine.sleep()  # on a GPU: free vLLM's memory for the trainer
-    # control: the first B mixed groups in stream order (round, position), alike on any number of
-    # ranks, each kept on the rank that made it; at the cap the dropped ones fill the step, earliest
-    # first
-    kept = ranks.first_flagged(flags, B)  # control
+    # control: the first B groups with right and wrong answers in stream order (round, position),
+    # alike on any number of ranks, each kept on the rank that made it; at the cap the dropped ones
+    # fill the step, earliest first
+    kept = first_flagged(flags, B)  # control
     my_groups = {i: made[key] for i, key in enumerate(kept) if key in made}
     meter = {"gen_rounds": j + 1, "gen_prompts": len(flags),
-             "gen_responses": len(flags) * cfg.n, "kept_groups": min(B, mixed_groups)}
+             "gen_responses": len(flags) * cfg.n, "kept_groups": min(B, with_signal)}
     if cfg.dynamic_sampling:
-        meter["gen_capped"] = mixed_groups < B  # control
+        meter["gen_capped"] = with_signal < B  # control
     return my_groups, meter
 
 
@@ -661,9 +791,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
     if start >= steps:
         return
     stage[0] = f"{part}, before step {start + 1}"
-    # a collected pool's size is known only now (machinery/checks.py checked the rest)
+    # a collected pool's size is known only now (machinery/preflight.py checked the rest)
     if len(rows) < cfg.prompts_per_step:
-        raise errors.UserError(f"{part}: {len(rows)} prompts, fewer than --prompts_per_step "
+        raise UserError(f"{part}: {len(rows)} prompts, fewer than --prompts_per_step "
                                f"{cfg.prompts_per_step}")
     os.makedirs(part_dir, exist_ok=True)
     metrics_path = os.path.join(part_dir, "metrics.jsonl")
@@ -689,7 +819,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         if d.master_process:
             row = json.dumps({"step": 0, **base_scores[base_path]}) + "\n"
             files.write_atomic(metrics_path, row)
-            step_metrics.track(part, {"step": 0, **base_scores[base_path]})
+            metrics.track(part, {"step": 0, **base_scores[base_path]})
 
     # An update takes mini_batch_prompts x n sequences, as the paper's run.
     # RLEP: groups are n + m long, so a step of 512 x 18 makes round(512 x 18 / (64 x 16)) = 9
@@ -699,7 +829,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
     sequences_per_update = cfg.mini_batch_prompts * per_prompt
 
     for step in range(start, steps):
-        stops.stop_if_asked()
+        interrupts.stop_if_asked()
         stage[0] = f"{part} step {step + 1} of {steps}"
         lr = learning_rate(step, cfg)
         for group in optimizer.param_groups:
@@ -719,29 +849,29 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
             engine.push(policy.model)
 
         visits = [visit(group) for group in groups]
-        gaps = step_metrics.logprob_gaps(trained)
-        my_counts = step_metrics.step_counts(groups, visits, gaps, tokenizer=tokenizer, cfg=cfg,
+        gaps = metrics.logprob_gaps(trained)
+        my_counts = metrics.step_counts(groups, visits, gaps, tokenizer=tokenizer, cfg=cfg,
                                              stop_ids=stop_ids, update=stats)
         counts = ranks.gather_lists([my_counts], d)
         # after stats: step_record's all-rank token counts win
-        record = {"step": step + 1, "lr": lr, **stats, **step_metrics.step_record(counts), **meter,
+        record = {"step": step + 1, "lr": lr, **stats, **metrics.step_record(counts), **meter,
                   **times}
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
             record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1))
 
         if d.master_process:
             files.append_jsonl(metrics_path, [record])
-            step_metrics.track(part, record)  # W&B, with --wandb_project
+            metrics.track(part, record)  # W&B, with --wandb_project
             fresh = [s for g in groups for s in g if not s.replay][:cfg.log_samples]
             shown = [{"step": step + 1, "prompt": tokenizer.decode(s.prompt_ids),
                       "reward": s.reward, "response": tokenizer.decode(s.completion_ids)}
                      for s in fresh]
             files.append_jsonl(samples_path, shown)
-            step_metrics.log_step(part, step + 1, steps, record)
+            metrics.log_step(part, step + 1, steps, record)
 
         if step + 1 in checkpoints.save_plan(cfg, part):
             # pruning keeps the weights the collection reads
-            with stops.saving():
+            with interrupts.saving():
                 checkpoints.save(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
                                  checkpoints.protected_steps(cfg, part), prompt_round)
     engine.sleep()
@@ -755,6 +885,14 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
 
 # ---------------------------------------------------------------------------
 # Collection: the phase-one checkpoint answers each training prompt K times; RLEP's pool
+
+def verified_answers(record: dict) -> dict:
+    """RLEP: a collected prompt's row of progress.jsonl, from a sample_and_grade record: its
+    verified answers (the pool's candidates) and the response tokens generated for it (the
+    studies' cost). Made before the ranks gather: the other answers of K never cross them."""
+    right = [t for t, ok in zip(record["responses"], record["correct"]) if ok]  # RLEP
+    return {"id": record["id"], "successes": right, "tokens": sum(record["lengths"])}
+
 
 def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer, end_id: int,
             d: ranks.Dist):
@@ -771,7 +909,7 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
         # different files (rank0_decides); the others need only which prompts are done
         written, successes_so_far = data.read_collection(out)
         if not written and not os.path.isdir(ckpt):
-            raise errors.UserError(f"{ckpt}: phase one has no checkpoint at --collect_step "
+            raise UserError(f"{ckpt}: phase one has no checkpoint at --collect_step "
                                    f"{cfg.collect_step}")
         successes.update(successes_so_far)
         return written, set(successes_so_far)
@@ -787,12 +925,12 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
         # RLEP: the seed policy, read by vLLM in its own dtype (no trainer copy)
         engine.push(path=ckpt)  # RLEP
         for start in range(0, len(todo), cfg.prompts_per_step):
-            stops.stop_if_asked()
+            interrupts.stop_if_asked()
             chunk = todo[start:start + cfg.prompts_per_step]
             records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
                                        d, seed_key=(cfg.seed, "collect"),
                                        temperature=cfg.collect_temperature,
-                                       top_p=cfg.collect_top_p, keep=data.progress_row)
+                                       top_p=cfg.collect_top_p, keep=verified_answers)
             # on rank 0 (the others' records are [])
             successes.update((r["id"], r["successes"]) for r in records)  # RLEP
             if d.master_process:
@@ -806,7 +944,7 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
         pool = [{**row, "responses": successes[row["id"]]} for row in rows
                 if len(successes[row["id"]]) >= cfg.min_successes]  # RLEP
         if not pool:
-            raise errors.UserError(f"empty experience pool: no prompt got {cfg.min_successes} "
+            raise UserError(f"empty experience pool: no prompt got {cfg.min_successes} "
                                    f"verified answers out of {cfg.collect_k} from {ckpt}. "
                                    "Train phase one longer or raise --collect_k.")
         data.save_pool(pool_path, pool)
@@ -843,45 +981,45 @@ def main(argv=None):
     cfg = parse_config(argv)
     d = ranks.setup_distributed(cfg.timeout_minutes)
     # the command alone: every rank refuses alike
-    for warning in checks.check_config(cfg, d.world_size):
+    for warning in preflight.check_config(cfg, d.world_size):
         if d.master_process:
             print(f"rlep.py: warning: {warning}", file=sys.stderr, flush=True)
     try:
         # a folder as given, a built-in model made or a hub model fetched: by rank 0 first, once;
         # then every rank finds it
-        ranks.rank0_decides(lambda: models.resolve_model(cfg.model_path, cfg.cache_dir), d)
-        model_path = models.resolve_model(cfg.model_path, cfg.cache_dir)
+        ranks.rank0_decides(lambda: hub.model_folder(cfg.model_path, cfg.cache_dir), d)
+        model_path = hub.model_folder(cfg.model_path, cfg.cache_dir)
     except ValueError as e:  # an unknown built-in model, a hub name that cannot be fetched
-        raise errors.UserError(f"--model_path {e}") from None
-    # rank 0 checks the run, the model, each row, the pool and the disk; every rank gets its config
-    # or refusal
-    checked = {}  # rank 0's, the rows it read too
-    saved = ranks.rank0_decides(
-        lambda: checks.check_start(cfg, model_path, d.world_size, checked, prompt_text), d)
+        raise UserError(f"--model_path {e}") from None
+    # the data, read once by rank 0 (the paper's parquet holds 1.8 M rows for ~17.9k prompts) and
+    # handed to every rank: the training rows, the validation rows, the pool given with --pool
+    inputs = ranks.rank0_decides(lambda: data.read_inputs(cfg), d)
+    train_rows, val_rows, given_pool = inputs
+    # rank 0 checks the run, the model, the rows, the pool and the disk; every rank gets the run's
+    # saved config and this command's changes to it, or the refusal
+    saved, changes = ranks.rank0_decides(lambda: preflight.check_start(
+        cfg, model_path, d.world_size, inputs, prompt_text, hub.commits), d)
     if cfg.dtype == "auto" and "dtype" in saved:
         cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
 
     # the ranks must agree: every rank takes rank 0's measurement
-    dtype = ranks.rank0_decides(lambda: precision.resolve_dtype(cfg.dtype, d.device, model_path), d)
+    dtype = ranks.rank0_decides(lambda: fsdp.resolve_dtype(cfg.dtype, d.device, model_path), d)
     cfg.dtype = dtype.dtype
     # every rank refuses a bad --stop_token alike, before config.json
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     end_id = end_token_id(tokenizer, cfg.stop_token)
     # one process writes the run: rank 0 holds its folder from the first write on
-    ranks.rank0_decides(lambda: lock.hold_run_folder(cfg.out_dir), d)
+    ranks.rank0_decides(lambda: files.hold_run_folder(cfg.out_dir), d)
     if d.master_process:
         print(f"rlep: preset {cfg.preset}, {d.world_size} rank(s) on {d.device.type}, dtype "
               f"{cfg.dtype} ({dtype.why}), torch threads {torch.get_num_threads()}, output "
               f"in {cfg.out_dir}", flush=True)
         checkpoints.remove_leftovers(cfg.out_dir)
-        # with --override's changes, at the steps they took effect
-        files.save_config(cfg.out_dir, asdict(cfg), saved, checked["changes"])
+        # with the hub names' commits, and --override's changes at the steps they took effect
+        files.save_config(cfg.out_dir, asdict(cfg), saved, changes, hub.commits)
         if cfg.wandb_project:
             name = f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{cfg.preset}"
-            step_metrics.start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
-    # the rows rank 0 read and checked, for every rank: one read of the files, not W (the paper's
-    # parquet holds 1.8 M rows for ~17.9k prompts)
-    train_rows, val_rows, given_pool = ranks.rank0_decides(lambda: checked["inputs"], d)
+            metrics.start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
     baseline_on_pool = cfg.phase1_prompts == "pool"  # control
 
     engine = build_engine(cfg, model_path, d)
@@ -899,7 +1037,7 @@ def main(argv=None):
     finally:
         # vLLM's groups, torchrun's too (else at exit, below); a stop says where it stopped first
         # (vLLM's exit handler shuts down)
-        if not stops.stop["why"]:
+        if not interrupts.stop["why"]:
             engine.shutdown()
 
     total = time.perf_counter() - started
@@ -910,18 +1048,18 @@ def main(argv=None):
     compare = cfg.phase == "all" and cfg.val_every
     table = report.final_report(cfg.out_dir, compare, total, spent, dtype.gflops)
     # the table too; a run that stopped early is closed by wandb at exit
-    step_metrics.finish_wandb(table)
+    metrics.finish_wandb(table)
 
 if __name__ == "__main__":
-    stops.catch_stops()  # Ctrl-C and SIGTERM
+    interrupts.catch_stops()  # Ctrl-C and SIGTERM
     try:
         main()
-    except errors.UserError as e:  # bad input: one line; any other error keeps its traceback
+    except UserError as e:  # bad input: one line; any other error keeps its traceback
         print(f"rlep.py: {e}", file=sys.stderr)
         sys.exit(2)
     except (KeyboardInterrupt, Exception) as e:
         # a stop's line and exit; other errors go on
-        stops.end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
+        interrupts.end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
     finally:
         # every exit, a refusal's too: a gloo thread left running aborts it
         if dist.is_initialized():

@@ -25,7 +25,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [repo_root, os.path.join(repo_root, "tests")]
-from machinery import fsdp, models, ranks  # noqa: E402
+from machinery import fsdp, hub, ranks
 import rlep  # noqa: E402
 from test_update import held, make_groups  # noqa: E402  (the tests' groups)
 
@@ -83,7 +83,7 @@ def compare(label, a, b, start):
 
 def main():
     with tempfile.TemporaryDirectory() as folder:
-        model_path = models.resolve_model("builtin:tiny", os.path.join(folder, "cache"))
+        model_path = hub.model_folder("builtin:tiny", os.path.join(folder, "cache"))
         cfg = rlep.parse_config(["--preset", "tiny"])
         policy = rlep.build_policy(model_path, cfg, ranks.Dist(False, 0, 1, cpu, True))[0]
         start = {k: v.clone() for k, v in policy.model.state_dict().items()}

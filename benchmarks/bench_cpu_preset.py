@@ -52,11 +52,11 @@ def cpu_line() -> str:
 
 def model_weights(cfg: dict) -> tuple[int, int]:
     """(matmul weights of the decoder layers, LM head weights) of the run's model."""
-    from machinery import models
+    from machinery import hub
     from transformers import AutoConfig
-    path = models.resolve_model(cfg["model_path"], os.path.join(repo, cfg["cache_dir"]), False)
+    path = hub.model_folder(cfg["model_path"], os.path.join(repo, cfg["cache_dir"]), False)
     if not os.path.isdir(path):
-        path = models.resolve_model(cfg["model_path"], cfg["cache_dir"], False)
+        path = hub.model_folder(cfg["model_path"], cfg["cache_dir"], False)
     c = AutoConfig.from_pretrained(path)
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     attention = c.hidden_size * head_dim * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)

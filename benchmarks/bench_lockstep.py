@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from machinery import planner  # noqa: E402
+from machinery import planner, ranks
 import rlep  # noqa: E402
 
 
@@ -166,15 +166,15 @@ def main():
                   f" micro_batch_size={cfg.micro_batch_size} "
                   f"micro_batch_tokens={cfg.micro_batch_tokens}")
     # what step_rows' exchange sends of a row: its token ids (Qwen's vocabulary) and vLLM's
-    # log-prob of each fresh token, pickled as planner.exchange pickles them
+    # log-prob of each fresh token, pickled as ranks.exchange pickles them
     rng = np.random.default_rng(args.seed)
     prompt = rng.integers(0, 151936, 250).tolist()  # a group's rows share their prompt's list
     lengths = draw_lengths(rng, cfg.n)
     rows = [((0, i), rlep.Sample(prompt, rng.integers(0, 151936, length).tolist(), True, 1.0,
                                  vllm_logprobs=(-rng.random(length)).tolist()))
             for i, length in enumerate(lengths)]
-    print(f"exchange: {len(planner.row_bytes(rows)) / lengths.sum():.1f} bytes a response "
-          "token (planner.row_bytes of a group's rows)")
+    print(f"exchange: {len(ranks.row_bytes(rows)) / lengths.sum():.1f} bytes a response "
+          "token (ranks.row_bytes of a group's rows)")
 
 
 if __name__ == "__main__":

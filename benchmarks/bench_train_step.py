@@ -14,9 +14,9 @@ same GPUs.
 
 The policy comes from rlep.build_policy itself, single-process (ranks.Dist(False, 0, 1, device,
 True)): fp32 master weights, train mode, gradient checkpointing (non-reentrant),
-fsdp.TokenLogProbs, AdamW. Only its from_pretrained is swapped for from_config on the
+rlep.TokenLogProbs, AdamW. Only its from_pretrained is swapped for from_config on the
 target device (random weights of the Qwen2.5 shape; nothing downloaded, no 15-30 GB checkpoint
-written and read back). Batches: collate.collate (paper preset: 2-D attention masks). Per
+written and read back). Batches: rlep.collate (paper preset: 2-D attention masks). Per
 micro-batch size, rlep.ppo_update's stages: old-log-prob pass (no_grad, bf16 autocast without
 weight cache); a mini-batch of two fwd + policy_loss + bwd (the first creates the grads, the
 second adds); clip_grad_norm_, AdamW step, zero_grad.
@@ -60,7 +60,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo_root)
-from machinery import checkpoints, collate, disk, fsdp, precision, ranks, vllm_engine  # noqa: E402
+from machinery import checkpoints, disk, fsdp, ranks, vllm_engine
 import rlep  # noqa: E402
 
 # Qwen2.5 shapes (their config.json files);
@@ -121,7 +121,7 @@ def forward_flops(config, seq_lens, response_lens, verl_count=False) -> float:
 
 def make_batch(micro_batch_size, prompt_len, response_len, vocab_size, device, share_prompts,
                seed=0) -> dict:
-    """A micro-batch from collate.collate: the first row has the full prompt_len + response_len
+    """A micro-batch from rlep.collate: the first row has the full prompt_len + response_len
     tokens (the shape that sets peak memory), the others random shorter prompts and responses,
     right-padded to the longest."""
     rng = np.random.default_rng(seed)
@@ -134,7 +134,7 @@ def make_batch(micro_batch_size, prompt_len, response_len, vocab_size, device, s
         advantage = float(rng.standard_normal())
         samples.append(rlep.Sample(prompt_ids=prompt_ids, completion_ids=completion_ids,
                                    correct=False, reward=0.0, advantage=advantage))
-    return collate.collate(samples, pad_id=0, device=device, share_prompts=share_prompts)
+    return rlep.collate(samples, pad_id=0, device=device, share_prompts=share_prompts)
 
 
 def fmt(value, width: int, spec: str) -> str:
@@ -577,7 +577,7 @@ def main(argv=None):
     # as rlep.main; on a CPU it measures the matmuls of the model's shapes, read from a folder
     config_dir = tempfile.mkdtemp()
     model_config(args.model).save_pretrained(config_dir)
-    choice = precision.resolve_dtype(args.dtype, device, config_dir)
+    choice = fsdp.resolve_dtype(args.dtype, device, config_dir)
     cfg.dtype, why = choice.dtype, choice.why
     peak_tflops = args.peak_tflops or (989.0 if device.type == "cuda" else None)
     # as rlep.ppo_update

@@ -1,24 +1,32 @@
-"""What a paper-scale run of rlep.py needs beside the method, a module an idea. rlep.py calls each
-by module (`checkpoints.save(...)`), so a call says where it goes; none of them needs rlep.py's
-types (a docstring says which fields of a sample or a config a function reads).
+"""What a run of rlep.py needs beside the method, a module an idea.
 
-    ranks         the ranks of a torchrun job: rank 0 decides, the ranks gather
+The rule of the boundary: a line belongs in rlep.py if changing it changes a number the loss, the
+reward, the advantages, the pool or the choice of groups sees (log π at T, the loss's tokens, N,
+the pool's rule). What a reader may take on trust from its call lives here: processes and
+collectives, sharding, the engine's push and sleep, the memory and balance plan, files,
+checkpoints, checks, the lock, Ctrl-C, the report. rlep.py calls each by module
+(`checkpoints.save(...)`), so a call says where it goes; none of them needs rlep.py's types (a
+docstring says which fields of a sample or a config a function reads).
+
+    ranks         the ranks of a torchrun job: rank 0 decides, the ranks gather and exchange rows
     vllm_engine   the rank's vLLM engine: generation, the weight push and its guard, sleep and wake
-    fsdp          the policy: read by rank 0, sharded by FSDP2, its token log-probs at T
+    fsdp          the policy's weights on the devices: the dtype, rank 0's read, FSDP2's shards
     planner       the update's plan: micro-batches dealt to the ranks as rows, FSDP2's lockstep
-    collate       a micro-batch as tensors
-    data          data rows and the experience pool, read and checked
-    files         files written whole, JSONL, config.json, hub dataset files
+    data          data rows and pool files, read and checked row by row
+    hub           names on the Hugging Face hub (models, dataset files): fetched once, their commit
+    builtin       the small presets' built-in tasks and models, made here
+    files         files written whole, JSONL, config.json, the run folder's lock
     checkpoints   checkpoints written whole, pruned, resumed
-    step_metrics  a step's row of metrics.jsonl, its printed line, W&B
+    metrics       a step's metrics: summed over the ranks, written, printed, sent to W&B
     report        the comparison of baseline and RLEP, its curves, the time table
-    checks        what is refused before anything is written or any engine starts
+    preflight     the command line and every input checked before anything is written
     disk          a command's disk peak against the free space
-    lock          one process writes a run folder
-    stops         Ctrl-C and SIGTERM: at a safe point, in one line
-    cli           the command line from Config's fields
-    models        a model folder: as given, fetched from the hub, or built here
-    tasks         the small presets' built-in tasks
-    precision     the dtype a CPU trains fastest in, measured
-    errors        UserError: bad input, one line, exit 2
+    interrupts    Ctrl-C and SIGTERM: stop at a safe point, say where, in one line
+
+UserError, below, is bad input: rlep.py and eval.py print its message as one line and exit 2.
 """
+
+
+class UserError(ValueError):
+    """Bad input (a flag, file, row, folder, the disk): rlep.py and eval.py print the message as
+    one line and exit 2; anything else keeps its traceback."""

@@ -8,9 +8,10 @@ import hashlib
 import json
 import os
 
-from machinery.errors import UserError
-from machinery.files import local_file, read_jsonl, write_atomic
-from machinery.tasks import builtin_rows
+from machinery import UserError
+from machinery.builtin import builtin_rows
+from machinery.files import read_jsonl, write_atomic
+from machinery.hub import local_file
 
 
 def from_dapo_schema(raw: dict, where: str) -> dict:
@@ -165,14 +166,6 @@ def save_pool(path: str, rows: list[dict]):
     write_atomic(path, "".join(lines))
 
 
-def progress_row(record: dict) -> dict:
-    """RLEP: a collection's row of progress.jsonl, from a sample_and_grade record: the prompt's
-    verified answers and the response tokens generated for it (the study's cost). Made before the
-    ranks gather: the other answers of K never cross them."""
-    right = [t for t, ok in zip(record["responses"], record["correct"]) if ok]
-    return {"id": record["id"], "successes": right, "tokens": sum(record["lengths"])}
-
-
 def read_collection(out: str) -> tuple[bool, dict]:
     """A collection folder's state: whether pool.jsonl is written, and {prompt id: its verified
     answers} of the prompts done so far."""
@@ -185,3 +178,13 @@ def load_pool(path: str, cache_dir: str = ".cache/rlep") -> list[dict]:
     """A pool file: our pool.jsonl, or any data file whose rows carry responses (DAPO:
     reward_model.candidates), read whole or refused."""
     return read_rows(path, pool=True, cache_dir=cache_dir)
+
+
+def read_inputs(cfg) -> tuple:
+    """The training rows (phase two reads them only to visit every prompt), the validation rows,
+    the pool given with --pool (None without)."""
+    needs_rows = cfg.phase != "2" or cfg.phase2_prompts == "all"
+    train_rows = read_rows(cfg.train_file, cache_dir=cfg.cache_dir) if needs_rows else []
+    val_rows = read_rows(cfg.val_file, cache_dir=cfg.cache_dir) if cfg.val_every else []
+    pool = load_pool(cfg.pool, cfg.cache_dir) if cfg.pool else None
+    return train_rows, val_rows, pool

@@ -10,7 +10,7 @@ import torch
 
 from machinery.checkpoints import (checkpoint_path, complete_checkpoints, leftovers,
                                    protected_steps, pruned, save_plan)
-from machinery.errors import UserError
+from machinery import UserError
 
 
 def folder_bytes(folder: str) -> int:

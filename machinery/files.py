@@ -1,14 +1,14 @@
-"""Files a crash never leaves half-written (a temporary name, then a rename), JSONL read past a
-last line cut short by a kill, the run's config.json, and hub dataset files fetched once into
-huggingface_hub's cache (hf://datasets/ORG/NAME[@REVISION]/PATH)."""
+"""The run folder's files: written so that a crash never leaves one half-written (a temporary
+name, then a rename), JSONL read past a last line cut short by a kill, the run's config.json, and
+the lock by which one process writes a run folder."""
 import contextlib
-import glob
 import json
 import os
-import re
-import shutil
+import socket
 
-from machinery.errors import UserError
+from filelock import FileLock, Timeout
+
+from machinery import UserError
 
 
 def write_atomic(path: str, text: str):
@@ -32,12 +32,15 @@ def read_jsonl(path: str) -> list:
     return rows
 
 
-def save_config(out_dir: str, config: dict, saved: dict, changes: list[dict]):
-    """config.json: the run's Config; with "overrides", every --override's changes (the saved
-    ones, then this command's `changes`) and the steps they took effect at."""
+def save_config(out_dir: str, config: dict, saved: dict, changes: list[dict],
+                commits: dict = None):
+    """config.json: the run's Config; "hub_commits", the commit each hub name resolved to; with
+    "overrides", every --override's changes (the saved ones, then this command's `changes`) and
+    the steps they took effect at."""
     os.makedirs(out_dir, exist_ok=True)
     overrides = saved.get("overrides", []) + changes
-    record = {**config, **({"overrides": overrides} if overrides else {})}
+    record = {**config, **({"hub_commits": commits} if commits else {}),
+              **({"overrides": overrides} if overrides else {})}
     write_atomic(os.path.join(out_dir, "config.json"), json.dumps(record, indent=2))
 
 
@@ -48,42 +51,31 @@ def append_jsonl(path: str, rows: list):
         os.fsync(f.fileno())
 
 
-# A hub dataset file, in huggingface_hub's convention: hf://datasets/ORG/NAME[@REVISION]/PATH
-hub_file = re.compile(r"hf://datasets/([\w.-]+/[\w.-]+)(?:@([^/]+))?/(.+)")
+# the run folder this process holds, {lock file: its FileLock} (hold_run_folder)
+held_folder = {}
 
 
-def local_file(path: str, cache_dir: str) -> str:
-    """A data file on this machine: `path` itself, or a hub dataset file (hub_file) fetched once
-    into huggingface_hub's cache, where a later run (HF_HUB_OFFLINE=1 too) finds it. A PATH
-    ending in `.part-*` names the pieces of one file (the authors' pool ships so): each fetched,
-    then joined in name order into cache_dir, once."""
-    if not path.startswith("hf://"):
-        return path
-    match = hub_file.fullmatch(path)
-    if not match:
-        raise UserError(f"{path}: a hub data file is hf://datasets/ORG/NAME[@REVISION]/PATH")
-    repo, revision, name = match.groups()
-    from huggingface_hub import hf_hub_download, snapshot_download
+def hold_run_folder(out_dir: str):
+    """One process writes a run folder: rank 0 takes filelock's exclusive lock (an flock, which
+    the kernel lets go however the process ends, a SIGKILL too) on its rlep.lock before the first
+    write and holds it for the process's life; the file names the holder. A second process on the
+    folder is refused: a --resume while torchrun's ranks, orphaned by a SIGKILL of their launcher
+    (each rank is in a session of its own), still write the run."""
+    path = os.path.realpath(os.path.join(out_dir, "rlep.lock"))
+    if path in held_folder:
+        return  # an earlier main in this process holds it
+    os.makedirs(out_dir, exist_ok=True)
+    lock = FileLock(path, timeout=0)
     try:
-        if not name.endswith(".part-*"):
-            return hf_hub_download(repo, name, repo_type="dataset", revision=revision)
-        folder = snapshot_download(repo, repo_type="dataset", revision=revision,
-                                   allow_patterns=[name])
-    except Exception as e:  # offline and not cached, no such repo or file, no network
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{path}: cannot fetch it ({reason})") from None
-    pieces = sorted(glob.glob(os.path.join(folder, glob.escape(name[:-1]) + "*")))
-    if not pieces:
-        raise UserError(f"{path}: no such pieces in {repo}")
-    # the snapshot's folder name is its commit: another revision joins anew
-    joined = os.path.join(cache_dir, "hub", repo.replace("/", "--"),
-                          os.path.basename(folder), name[:-len(".part-*")])
-    if not os.path.isfile(joined):
-        os.makedirs(os.path.dirname(joined), exist_ok=True)
-        with open(f"{joined}.tmp{os.getpid()}", "wb") as out:
-            for piece in pieces:
-                with open(piece, "rb") as f:
-                    shutil.copyfileobj(f, out)
-        os.replace(f"{joined}.tmp{os.getpid()}", joined)
-        print(f"{path}: {len(pieces)} pieces joined into {joined}", flush=True)
-    return joined
+        lock.acquire()
+    except Timeout:
+        holder = open(path).read().strip() or "another process"
+        raise UserError(f"--out_dir {out_dir}: in use by {holder} (it holds {path}): one "
+                        "process writes a run; wait for it to end, or stop it") from None
+    with open(path, "w") as f:
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    # an earlier main's folder, in this process, is let go
+    for earlier in held_folder.values():
+        earlier.release()
+    held_folder.clear()
+    held_folder[path] = lock

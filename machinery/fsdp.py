@@ -1,10 +1,12 @@
-"""The policy: a causal LM in float32 read by rank 0 alone, sharded by FSDP2 over the ranks
-(weights, gradients and AdamW's state), and its log-probs of response tokens at the run's
-temperature (TokenLogProbs), computed from a micro-batch collate made."""
+"""The policy's weights on the devices: the precision it computes in (bfloat16 on a GPU; on a CPU
+whichever trains faster here, measured: a CPU may emulate bf16 several times slower than float32),
+a causal LM in float32 read by rank 0 alone, sharded by FSDP2 over the ranks (weights, gradients
+and AdamW's state)."""
+import time
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -42,9 +44,9 @@ def shard(policy: torch.nn.Module, model, d: Dist, gather_bf16: bool):
     full_weights = model.state_dict() if d.master_process else {}
     # bf16 runs gather bf16 weights (half the bytes; autocast casts them anyway) and reduce
     # gradients in fp32, as verl; the batch's floats are the loss's
-    mixed = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
-                                 cast_forward_inputs=False)
-    mp_policy = mixed if gather_bf16 else MixedPrecisionPolicy()
+    bf16_gathers = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                        cast_forward_inputs=False)
+    mp_policy = bf16_gathers if gather_bf16 else MixedPrecisionPolicy()
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp_policy)
     # the root unit gathers the embeddings, final norm and LM head
@@ -63,37 +65,48 @@ def load_from_rank0(model, full_weights: dict, d: Dist):
         dist.broadcast(buffer, src=0)
 
 
-class TokenLogProbs(torch.nn.Module):
-    """log π_θ(o_t | q, o_<t) per response token, from logits / T, of a micro-batch from collate
-    (below); the LM head runs on chunks of tokens (all logits at once: the largest tensor)."""
+def linear_gflops(dtype: str, model_path: str, tokens: int = 1024) -> float:
+    """GFLOP/s of a forward and backward through the model's MLP up-projection on the CPU, as the
+    trainer runs it: float32 weights, bf16 through autocast."""
+    from transformers import AutoConfig
+    config = AutoConfig.from_pretrained(model_path)
+    x = torch.randn(tokens, config.hidden_size, requires_grad=True)
+    weight = torch.randn(config.intermediate_size, config.hidden_size,
+                         requires_grad=True)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16,
+                              enabled=dtype == "bfloat16", cache_enabled=False)
+    seconds = []
+    # the first pass warms the kernels up: not timed
+    for _ in range(4):
+        start = time.perf_counter()
+        with autocast:
+            out = torch.nn.functional.linear(x, weight)  # (tokens, I)
+        out.float().sum().backward()
+        seconds.append(time.perf_counter() - start)
+    flops = 3 * 2 * tokens * config.hidden_size * config.intermediate_size
+    return flops / min(seconds[1:]) / 1e9
 
-    def __init__(self, model, temperature: float, chunk_tokens: int = 1024):
-        super().__init__()
-        self.model = model
-        self.temperature = temperature
-        self.chunk_tokens = chunk_tokens
 
-    def _chunk_logps(self, hidden, targets):  # (tokens, H), (tokens,) -> (tokens,)
-        # h W / T as (h / T) W: a division of (tokens, H), not of (tokens, V)
-        logits = self.model.lm_head(hidden / self.temperature)  # (tokens, V)
-        # log softmax and gather in one fused op
-        return -F.cross_entropy(logits.float(), targets, reduction="none")
+class DtypeChoice(NamedTuple):
+    dtype: str
+    why: str
+    gflops: dict  # on a CPU: linear_gflops by dtype, measured here
 
-    def forward(self, batch: dict) -> torch.Tensor:
-        """(S, L) log-probs, 0 after each response's end."""
-        hidden = self.model.model(input_ids=batch["input_ids"],
-                                  attention_mask=batch["attention_mask"],
-                                  position_ids=batch["position_ids"]).last_hidden_state
-        # the state before each response token: (R, L, H) -> (tokens, H)
-        hidden = hidden.flatten(0, 1)[batch["sources"]]
-        targets = batch["targets"]  # (tokens,)
-        logps = []
-        for i in range(0, targets.numel(), self.chunk_tokens):
-            chunk = slice(i, i + self.chunk_tokens)
-            # recomputed in backward: one chunk of logits alive at a time
-            logps.append(torch.utils.checkpoint.checkpoint(
-                self._chunk_logps, hidden[chunk], targets[chunk], use_reentrant=False))
-        out = hidden.new_zeros(batch["completion_mask"].shape, dtype=torch.float32)  # (S, L)
-        # integer positions: a boolean mask would sync with the host
-        out.view(-1)[batch["completion_index"]] = torch.cat(logps)
-        return out
+
+def resolve_dtype(dtype: str, device: torch.device, model_path: str) -> DtypeChoice:
+    """'auto': bfloat16 on a GPU; on a CPU whichever trains faster here, measured. Without
+    AVX512-BF16 or AMX bf16 is emulated (~5x slower); with them it is not always fast either."""
+    gflops = {}
+    if device.type == "cpu":
+        for name in ("float32", "bfloat16"):
+            gflops[name] = linear_gflops(name, model_path)
+    measured = ", ".join(f"{name} {speed:.0f}" for name, speed in gflops.items())
+    measured = f"measured here, GFLOP/s: {measured}"
+    if dtype != "auto":
+        return DtypeChoice(dtype, "set by --dtype", gflops)
+    if device.type == "cuda":
+        return DtypeChoice("bfloat16", "GPU", gflops)
+    # bf16 rounds the log-probs (a gap to vLLM's of ~0.3, not ~1e-5): it must be 1.5x faster
+    if gflops["bfloat16"] >= 1.5 * gflops["float32"]:
+        return DtypeChoice("bfloat16", measured, gflops)
+    return DtypeChoice("float32", f"{measured}; bf16 must be 1.5x faster", gflops)

@@ -4,17 +4,13 @@ memory and dealt to the ranks so that every rank runs as many passes (FSDP2's lo
 with fewer rows running idle ones of exactly zero gradient; one exchange a step sends each rank
 the rows planned for it that another rank generated. Memory and balance, not math: a row carries
 its advantage, and the loss's N is the mini-batch's."""
-import io
-import pickle
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from machinery.collate import collate
-from machinery.ranks import Dist, gather_lists
+from machinery.ranks import Dist, exchange
 
 
 class GroupSize(NamedTuple):
@@ -114,45 +110,6 @@ def plan_micro_batches(positions, sizes: dict, world_size: int,
     return [micro_batches[rank::world_size] for rank in range(world_size)]
 
 
-def exchange(outgoing: list[list], d: Dist) -> list:
-    """outgoing[r] to rank r; back, what every rank sent this one, in rank order. One all-to-all
-    of pickled bytes on the host (gloo): a rank receives only its own."""
-    if not d.distributed:
-        return outgoing[0]
-    kept = outgoing[d.rank]  # not through pickle
-    payloads = [row_bytes([] if r == d.rank else items) for r, items in enumerate(outgoing)]
-    send_sizes = torch.tensor([len(p) for p in payloads])
-    recv_sizes = torch.empty_like(send_sizes)
-    dist.all_to_all_single(recv_sizes, send_sizes)
-    sent = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
-    received = torch.empty(int(recv_sizes.sum()), dtype=torch.uint8)
-    dist.all_to_all_single(received, sent, recv_sizes.tolist(), send_sizes.tolist())
-    items, start = [], 0
-    for rank, size in enumerate(recv_sizes.tolist()):
-        part = received[start:start + size].numpy().tobytes()
-        items += kept if rank == d.rank else pickle.loads(part)
-        start += size
-    return items
-
-
-class RowPickler(pickle.Pickler):
-    """Rows cross ranks as plain data (token ids, floats): a tensor in one would be restored on
-    the sender's device index on the receiver (rank 5's cuda:5 tensor on rank 2's cuda:5), so one
-    is refused."""
-
-    def reducer_override(self, obj):
-        if isinstance(obj, torch.Tensor):
-            raise TypeError(f"exchange: a row carries a tensor ({obj.dtype}, {obj.device}); rows "
-                            "cross ranks as plain data, made before any tensor of theirs")
-        return NotImplemented
-
-
-def row_bytes(items: list) -> bytes:
-    buffer = io.BytesIO()
-    RowPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(items)
-    return buffer.getvalue()
-
-
 def step_rows(my_groups: dict, sizes: dict, num_updates: int, split: Split, d: Dist) -> dict:
     """The rows this rank trains in the step, {(position, sample): sample}: those of its groups
     planned here, and those the other ranks send (one exchange a step: every epoch's mini-batches
@@ -178,32 +135,13 @@ class IdleSample:
 
 
 def micro_batches(positions, rows: dict, sizes: dict, split: Split, d: Dist,
-                  pad_id: int) -> list[dict]:
-    """This rank's micro-batches of the mini-batch of the prompts at `positions`, as tensors
-    (collate), as many as every other rank's; rows: step_rows'."""
+                  pad_id: int) -> list[list]:
+    """This rank's micro-batches of the mini-batch of the prompts at `positions`, lists of samples
+    (rows: step_rows'), as many as every other rank's. Lockstep: a rank with fewer rows than the
+    passes (or none) runs an idle micro-batch for each missing one, [an IdleSample]: one token
+    with Â = 0, an exactly zero gradient."""
     plan = plan_micro_batches(positions, sizes, d.world_size, split)
-    passes = max(map(len, plan))
-    micro = []
-    for pairs in plan[d.rank]:
-        samples = [rows[pair] for pair in pairs]
-        micro.append(collate(samples, pad_id, d.device, split.share_prompts))
-    # Lockstep: a rank with fewer rows than the passes (or none) runs an idle micro-batch for each
-    # missing one: a one-token sample with Â = 0, an exactly zero gradient.
-    if passes > len(micro):
-        # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
-        idle = IdleSample([pad_id], [pad_id], old_logprobs=torch.zeros(1, device=d.device))
-        idle_batch = collate([idle], pad_id, d.device, split.share_prompts)
-        idle_batch["idle"] = True
-        micro += [idle_batch] * (passes - len(micro))
-    return micro
-
-
-def group_sizes(my_groups: dict, d: Dist) -> dict:
-    """Every rank's groups' sizes, {position: GroupSize}, from this rank's {position: group}:
-    what any rank needs to plan any other's micro-batches (one small gather)."""
-    my_sizes = []
-    for position, group in my_groups.items():
-        response_tokens = sum(len(s.completion_ids) for s in group)
-        row_lengths = tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group)
-        my_sizes.append(GroupSize(position, response_tokens, row_lengths, d.rank))
-    return {g.position: g for g in gather_lists(my_sizes, d)}
+    mine = [[rows[pair] for pair in pairs] for pairs in plan[d.rank]]
+    # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
+    idle = IdleSample([pad_id], [pad_id], old_logprobs=torch.zeros(1, device=d.device))
+    return mine + [[idle]] * (max(map(len, plan)) - len(mine))

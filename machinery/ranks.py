@@ -1,13 +1,16 @@
 """The ranks of a torchrun job and their object collectives: a plain `python rlep.py` gets
 the same names (one rank). Rank 0 decides what every rank must agree on (rank0_decides: one
 broadcast of its answer, or of the error it raised); the ranks gather small lists (a step's sizes
-and counts) and bring results to rank 0, which alone writes files.
+and counts), bring results to rank 0, which alone writes files, and exchange training rows (one
+all-to-all a step: each rank receives the rows planned for it).
 
 Object collectives cost what they carry: `rank0_decides` broadcasts rank 0's answer once
 (torch's all_gather_object would pad every rank's copy to the largest and hand each rank all W of
 them), and `gather_to_rank0` brings results to the one rank that writes them."""
 import datetime
+import io
 import os
+import pickle
 from typing import NamedTuple
 
 import torch
@@ -54,16 +57,6 @@ def gather_lists(items: list, d: Dist) -> list:
     return [x for part in gathered for x in part]
 
 
-def first_flagged(flags: list[tuple], count: int) -> list:
-    """The first `count` keys, in key order, whose flag is true, made up with the first false
-    ones where fewer are true; returned in key order. flags: (key, flag) pairs gathered from
-    every rank (gather_lists), so that every rank chooses alike."""
-    ordered = sorted(flags)
-    chosen = [key for key, flag in ordered if flag][:count]
-    chosen += [key for key, flag in ordered if not flag][:count - len(chosen)]
-    return sorted(chosen)
-
-
 def gather_to_rank0(items: list, d: Dist) -> list:
     """Every rank's list, concatenated in rank order, on rank 0; the other ranks get []."""
     if not d.distributed:
@@ -98,3 +91,42 @@ def rank0_decides(decide, d: Dist):
 def barrier(d: Dist):
     if d.distributed:
         dist.barrier()
+
+
+def exchange(outgoing: list[list], d: Dist) -> list:
+    """outgoing[r] to rank r; back, what every rank sent this one, in rank order. One all-to-all
+    of pickled bytes on the host (gloo): a rank receives only its own."""
+    if not d.distributed:
+        return outgoing[0]
+    kept = outgoing[d.rank]  # not through pickle
+    payloads = [row_bytes([] if r == d.rank else items) for r, items in enumerate(outgoing)]
+    send_sizes = torch.tensor([len(p) for p in payloads])
+    recv_sizes = torch.empty_like(send_sizes)
+    dist.all_to_all_single(recv_sizes, send_sizes)
+    sent = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
+    received = torch.empty(int(recv_sizes.sum()), dtype=torch.uint8)
+    dist.all_to_all_single(received, sent, recv_sizes.tolist(), send_sizes.tolist())
+    items, start = [], 0
+    for rank, size in enumerate(recv_sizes.tolist()):
+        part = received[start:start + size].numpy().tobytes()
+        items += kept if rank == d.rank else pickle.loads(part)
+        start += size
+    return items
+
+
+class RowPickler(pickle.Pickler):
+    """Rows cross ranks as plain data (token ids, floats): a tensor in one would be restored on
+    the sender's device index on the receiver (rank 5's cuda:5 tensor on rank 2's cuda:5), so one
+    is refused."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):
+            raise TypeError(f"exchange: a row carries a tensor ({obj.dtype}, {obj.device}); rows "
+                            "cross ranks as plain data, made before any tensor of theirs")
+        return NotImplemented
+
+
+def row_bytes(items: list) -> bytes:
+    buffer = io.BytesIO()
+    RowPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(items)
+    return buffer.getvalue()

@@ -88,7 +88,7 @@ from scipy import stats
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
 import rlep  # noqa: E402
-from machinery import data, models, precision  # noqa: E402
+from machinery import data, fsdp, hub
 from machinery.files import read_jsonl  # noqa: E402
 
 # arm -> (label, folder suffix, part whose curve it is)
@@ -1644,8 +1644,8 @@ def main():
     start = time.time()
     if not args.report_only:
         # rlep.py measures the dtype per run; a busy machine could flip one run's choice
-        model_path = models.resolve_model(cfg.model_path, cfg.cache_dir, build=True)
-        choice = precision.resolve_dtype(args.dtype, torch.device("cpu"), model_path)
+        model_path = hub.model_folder(cfg.model_path, cfg.cache_dir, build=True)
+        choice = fsdp.resolve_dtype(args.dtype, torch.device("cpu"), model_path)
         speeds = ", ".join(f"{k} {v:.0f}" for k, v in choice.gflops.items())
         why = choice.why if "measured" in choice.why else f"{choice.why}; GFLOP/s here: {speeds}"
         print(f"every run in {choice.dtype} ({why})", flush=True)

@@ -15,9 +15,9 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The tiny preset's model, built once per test session (5 s) into a temporary cache."""
-    from machinery import models, ranks
+    from machinery import hub, ranks
     cache = tmp_path_factory.mktemp("cache")
-    return models.resolve_model("builtin:tiny", str(cache))
+    return hub.model_folder("builtin:tiny", str(cache))
 
 
 engines = {}

@@ -22,7 +22,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from machinery import checks, data, errors, lock, ranks
+import machinery.files
+from machinery import UserError, data, preflight, ranks
 import rlep
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,7 +220,7 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, files, cache_
     before = digest(out)
     monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
     # a flag's value out of its choices is argparse's: one line on stderr, exit 2
-    with pytest.raises((errors.UserError, SystemExit)) as error:
+    with pytest.raises((UserError, SystemExit)) as error:
         rlep.main(command)
     line = str(error.value)
     if error.type is SystemExit:
@@ -315,30 +316,30 @@ def test_a_changed_lr_is_refused_then_taken_with_override_and_recorded(tmp_path,
 def test_legal_but_surprising_settings_are_warned_about(capsys):
     cfg = rlep.parse_config(["--preset", "tiny", "--mini_batch_prompts", "8", "--replay_m",
                              "12"])
-    warnings = checks.check_config(cfg)
+    warnings = preflight.check_config(cfg)
     assert any("one update a step, on-policy" in w for w in warnings)
     assert any("--replay_m 12 > --n 8" in w for w in warnings)
-    assert checks.check_config(rlep.parse_config(["--preset", "tiny"])) == []
-    with pytest.raises(errors.UserError, match="multiple of the 3 ranks"):
-        checks.check_config(rlep.parse_config(["--preset", "tiny"]), world_size=3)
+    assert preflight.check_config(rlep.parse_config(["--preset", "tiny"])) == []
+    with pytest.raises(UserError, match="multiple of the 3 ranks"):
+        preflight.check_config(rlep.parse_config(["--preset", "tiny"]), world_size=3)
 
 
 def test_fields_free_on_resume_are_config_fields_and_auto_takes_the_runs_dtype():
     names = {f for f in asdict(rlep.parse_config([]))}
-    assert checks.free_on_resume <= names
+    assert preflight.free_on_resume <= names
     cfg = rlep.parse_config(["--preset", "tiny", "--resume", "--keep_checkpoints", "5"])
     saved = {**asdict(cfg), "dtype": "bfloat16", "keep_checkpoints": 2}
     assert cfg.dtype == "float32"
     cfg.dtype = "auto"
-    assert checks.resume_changes(cfg, saved, at={}) == []
+    assert preflight.resume_changes(cfg, saved, at={}) == []
     # a field the saved config lacks (deleted, or an older run's) is refused, the command's
     # value taken and recorded with --override; one free on resume is not compared
     del saved["seed"], saved["progress"]
     cfg.seed = 7
-    with pytest.raises(errors.UserError, match=r"config.json lacks --seed: restore them"):
-        checks.resume_changes(cfg, saved, at={})
+    with pytest.raises(UserError, match=r"config.json lacks --seed: restore them"):
+        preflight.resume_changes(cfg, saved, at={})
     cfg.override = True
-    assert checks.resume_changes(cfg, saved, at={"phase1_step": 2}) == [
+    assert preflight.resume_changes(cfg, saved, at={"phase1_step": 2}) == [
         {"field": "seed", "from": None, "to": 7, "phase1_step": 2}]
 
 
@@ -435,7 +436,7 @@ def test_a_bom_is_read_and_one_id_names_one_problem(tmp_path):
     assert data.read_rows(str(tmp_path / "twice.jsonl")) == rows
     # one id, another problem: refused with both rows
     (tmp_path / "other.jsonl").write_text(text + json.dumps({**rows[1], "problem": "9+9"}) + "\n")
-    with pytest.raises(errors.UserError, match=r"other.jsonl: rows 2 and 4: both have id 'p1', "
+    with pytest.raises(UserError, match=r"other.jsonl: rows 2 and 4: both have id 'p1', "
                                              r"with other problems"):
         data.read_rows(str(tmp_path / "other.jsonl"))
 
@@ -451,16 +452,16 @@ def test_a_pool_the_training_prompts_miss_and_cut_prompts_are_warned_about_once(
     flags = ["--preset", "tiny", "--out_dir", str(tmp_path / "run"), "--cache_dir",
              str(cache_dir), "--phase", "2", "--pool", str(pool_path), "--train_file",
              str(files / "pool.jsonl")]
-    kept = {}
-    checks.check_start(rlep.parse_config(flags + ["--phase2_prompts", "all"]), tiny_model, 1,
-                       kept, rlep.prompt_text)
+    def check(cfg):
+        preflight.check_start(cfg, tiny_model, 1, data.read_inputs(cfg), rlep.prompt_text, {})
+    check(rlep.parse_config(flags + ["--phase2_prompts", "all"]))
     warnings = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
     assert warnings == [
         f"rlep.py: warning: --pool {pool_path}: 10 of its 15 prompts are not in --train_file "
         f"{files / 'pool.jsonl'} (matched by id): with --phase2_prompts all their answers are "
         "never replayed"]
     # phase two on the pool's own prompts: nothing to say
-    checks.check_start(rlep.parse_config(flags), tiny_model, 1, kept, rlep.prompt_text)
+    check(rlep.parse_config(flags))
     assert "warning" not in capsys.readouterr().err
 
     # prompts longer than --max_prompt_len: counted by tokenizing each in full
@@ -470,7 +471,7 @@ def test_a_pool_the_training_prompts_miss_and_cut_prompts_are_warned_about_once(
     cfg = rlep.parse_config(["--preset", "tiny", "--max_prompt_len", "40"])
     expected = sum(length > 40 for length in lengths)
     assert 0 < expected < len(rows)
-    checks.warn_cut_prompts((rows, rows[:3], None), tokenizer, cfg, rlep.prompt_text)
+    preflight.warn_cut_prompts((rows, rows[:3], None), tokenizer, cfg, rlep.prompt_text)
     assert capsys.readouterr().err.splitlines() == [
         f"rlep.py: warning: --max_prompt_len 40: {expected} of 40 training prompts are longer, "
         "cut from the left (their start is lost)"]
@@ -524,7 +525,7 @@ def test_a_second_writer_is_refused_while_orphaned_torchrun_ranks_hold_the_run(
         ranks = rank_pids(out)
         assert sorted(set(ranks.values())) == [0, 1], "the ranks did not outlive their launcher"
         monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("a second writer"))
-        with pytest.raises(errors.UserError) as error:
+        with pytest.raises(UserError) as error:
             rlep.main(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
                        str(cache_dir), "--phase", "1", "--phase1_steps", "50", "--val_every",
                        "0", "--resume"])
@@ -542,8 +543,8 @@ def test_a_second_writer_is_refused_while_orphaned_torchrun_ranks_hold_the_run(
         time.sleep(0.1)
     while True:
         try:
-            lock.hold_run_folder(str(out))
+            machinery.files.hold_run_folder(str(out))
             break
-        except errors.UserError:
+        except UserError:
             assert time.time() < deadline, "the lock outlived its holder's death by a minute"
             time.sleep(0.2)

@@ -15,7 +15,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
-from machinery import checkpoints, checks, data, disk, errors, files, ranks, vllm_engine
+from machinery import (UserError, checkpoints, data, disk, files, preflight, ranks,
+                       vllm_engine)
 import rlep
 
 
@@ -132,7 +133,7 @@ def test_a_resumed_run_is_budgeted_for_what_it_still_writes(tmp_path, tiny_model
     disk.check_disk(cfg, tiny_model)
     assert "of them on disk already" in capsys.readouterr().out
     free_space(need - 1)
-    with pytest.raises(errors.UserError, match="need .* more") as error:
+    with pytest.raises(UserError, match="need .* more") as error:
         disk.check_disk(cfg, tiny_model)
     assert str(tmp_path) in str(error.value)
     # the rest of the run, saved and pruned
@@ -148,7 +149,7 @@ def test_a_refused_start_leaves_no_run_behind(tmp_path, tiny_model, monkeypatch)
     command = ["--preset", "tiny", "--out_dir", str(out),
                "--cache_dir", os.path.dirname(tiny_model)]
     for _ in range(2):
-        with pytest.raises(errors.UserError, match="free"):
+        with pytest.raises(UserError, match="free"):
             rlep.main(command)
     assert not out.exists()
 
@@ -180,13 +181,13 @@ def test_a_collection_step_phase_one_never_reaches_is_refused(collect_step):
     cfg = rlep.parse_config(["--preset", "tiny", "--collect_step", str(collect_step)])
     assert cfg.phase1_steps == 4
     with pytest.raises(ValueError, match="--collect_step"):
-        checks.check_save_plan(cfg)
+        preflight.check_save_plan(cfg)
     with pytest.raises(ValueError, match="--collect_step"):
-        checks.check_save_plan(rlep.parse_config(["--preset", "tiny", "--phase", "collect",
+        preflight.check_save_plan(rlep.parse_config(["--preset", "tiny", "--phase", "collect",
                                                 "--collect_step", str(collect_step)]))
     # no collection: phase one or two alone, or a run given its pool
     for flags in (["--phase", "1"], ["--phase", "2"], ["--pool", "pool.jsonl"]):
-        checks.check_save_plan(rlep.parse_config(["--preset", "tiny", "--collect_step",
+        preflight.check_save_plan(rlep.parse_config(["--preset", "tiny", "--collect_step",
                                                 str(collect_step), *flags]))
     # a step phase one never reaches is not budgeted as a save
     assert checkpoints.save_plan(cfg, "phase1") == [2, 4]
@@ -229,7 +230,7 @@ def test_the_collection_gathers_only_the_verified_answers(tiny_engine, tiny_mode
         gathered.extend(items)
         return real_gather(items, d)
     monkeypatch.setattr(ranks, "gather_to_rank0", spy)
-    kept = sample(keep=data.progress_row)
+    kept = sample(keep=rlep.verified_answers)
     assert gathered == kept and [set(r) for r in kept] == [{"id", "successes", "tokens"}] * 6
     # the same seeded samples: the verified texts of each prompt, the tokens of all 8
     for record, row in zip(full, kept):

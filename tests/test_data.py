@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from machinery import cli, collate, data, errors, fsdp, precision
+from machinery import UserError, data, fsdp, preflight
 import rlep
 
 
@@ -66,16 +66,16 @@ def test_bad_json_and_missing_files(tmp_path):
     path.write_text('{"problem": "a", "answer": "1"}\n{"problem": \n')
     with pytest.raises(ValueError, match=r"broken.jsonl: row 2: not valid JSON"):
         data.read_rows(str(path))
-    with pytest.raises(errors.UserError, match="nope.jsonl: no such data file"):
+    with pytest.raises(UserError, match="nope.jsonl: no such data file"):
         data.read_rows(str(tmp_path / "nope.jsonl"))
     # a pool is read whole: a row of ours without responses is named, not dropped
     rows = [{"problem": "a", "answer": "1", "responses": ["Answer: 1"]},
             {"problem": "b", "answer": "2"}]
-    with pytest.raises(errors.UserError, match=r"p.jsonl: row 2: no 'responses'"):
+    with pytest.raises(UserError, match=r"p.jsonl: row 2: no 'responses'"):
         data.load_pool(write_jsonl(tmp_path / "p.jsonl", rows))
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(b'{"problem": "a", "answer": "1"}\n{"problem": "caf\xe9", "answer": "1"}\n')
-    with pytest.raises(errors.UserError, match=r"latin1.jsonl: row 2: not UTF-8 \(byte 0xe9 at "
+    with pytest.raises(UserError, match=r"latin1.jsonl: row 2: not UTF-8 \(byte 0xe9 at "
                        r"offset 16\)"):
         data.read_rows(str(path))
 
@@ -134,7 +134,7 @@ def test_on_a_gpu_a_command_without_a_preset_is_refused_naming_the_gpu_presets(m
 
 
 def test_every_flag_has_its_fields_help_and_its_choices_are_enforced(capsys):
-    flags = dict(cli.dataclass_flags(rlep.Config))
+    flags = dict(preflight.dataclass_flags(rlep.Config))
     assert list(flags) == [field.name for field in dataclasses.fields(rlep.Config)]
     assert all(flag["help"].strip() for flag in flags.values())
     choices = {name: flag["choices"] for name, flag in flags.items() if "choices" in flag}
@@ -168,9 +168,9 @@ def test_token_logprobs_match_a_direct_forward(share_prompts):
     samples = [rlep.Sample([1, 2, 3], [4, 5], False, 0.0),
                rlep.Sample([6, 7], [8, 9, 10, 11], False, 0.0),
                rlep.Sample([1, 2, 3], [12, 13, 14], False, 0.0)]
-    batch = collate.collate(samples, pad_id=0, device="cpu", share_prompts=share_prompts)
+    batch = rlep.collate(samples, pad_id=0, device="cpu", share_prompts=share_prompts)
     assert batch["input_ids"].shape[0] == (2 if share_prompts else 3)
-    logps = fsdp.TokenLogProbs(model, temperature=0.7, chunk_tokens=2)(batch)  # (B, T)
+    logps = rlep.TokenLogProbs(model, temperature=0.7, chunk_tokens=2)(batch)  # (B, T)
     assert logps.shape == (3, 4)
     for i, s in enumerate(samples):
         ids = torch.tensor([s.prompt_ids + s.completion_ids])
@@ -184,11 +184,11 @@ def test_token_logprobs_match_a_direct_forward(share_prompts):
 def test_compute_dtype_is_the_faster_one_measured_here(monkeypatch, tiny_model):
     cpu = torch.device("cpu")
     # --dtype always wins; a GPU takes bf16 without a measurement
-    assert precision.resolve_dtype("float32", torch.device("cuda"), tiny_model).dtype == "float32"
-    gpu = precision.resolve_dtype("auto", torch.device("cuda"), tiny_model)
+    assert fsdp.resolve_dtype("float32", torch.device("cuda"), tiny_model).dtype == "float32"
+    gpu = fsdp.resolve_dtype("auto", torch.device("cuda"), tiny_model)
     assert gpu.dtype == "bfloat16" and gpu.gflops == {}
     # the real measurement: both speeds positive, the choice follows them
-    real = precision.resolve_dtype("auto", cpu, tiny_model)
+    real = fsdp.resolve_dtype("auto", cpu, tiny_model)
     assert set(real.gflops) == {"float32", "bfloat16"} and min(real.gflops.values()) > 0
     faster = real.gflops["bfloat16"] >= 1.5 * real.gflops["float32"]
     assert real.dtype == ("bfloat16" if faster else "float32")
@@ -196,8 +196,8 @@ def test_compute_dtype_is_the_faster_one_measured_here(monkeypatch, tiny_model):
     # bf16 only where it pays: 1.5x the float32 speed
     for bf16_speed, expected in ((100.0, "float32"), (149.0, "float32"), (150.0, "bfloat16")):
         speeds = {"float32": 100.0, "bfloat16": bf16_speed}
-        monkeypatch.setattr(precision, "linear_gflops", lambda name, path: speeds[name])
-        choice = precision.resolve_dtype("auto", cpu, tiny_model)
+        monkeypatch.setattr(fsdp, "linear_gflops", lambda name, path: speeds[name])
+        choice = fsdp.resolve_dtype("auto", cpu, tiny_model)
         assert choice.dtype == expected and str(int(bf16_speed)) in choice.why
 
 

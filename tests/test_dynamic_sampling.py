@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
-from machinery import checkpoints, data, ranks, step_metrics, vllm_engine
+from machinery import checkpoints, data, metrics, ranks, vllm_engine
 import rlep
 from test_rlep import assert_same_weights, read_jsonl, relative_gap, run_rlep
 
@@ -43,14 +43,14 @@ def test_a_group_is_dropped_when_its_answers_all_agree_replays_included():
 def test_the_first_mixed_groups_in_stream_order_are_kept_and_dropped_ones_fill_a_short_step():
     flags = [((0, 0), True), ((0, 1), False), ((0, 2), True), ((1, 0), False), ((1, 1), True),
              ((1, 2), True)]
-    assert ranks.first_flagged(flags, 3) == [(0, 0), (0, 2), (1, 1)]
+    assert rlep.first_flagged(flags, 3) == [(0, 0), (0, 2), (1, 1)]
     # the order the ranks' reports arrive in does not matter
     shuffled = flags[:]
     random.Random(0).shuffle(shuffled)
-    assert ranks.first_flagged(shuffled, 3) == [(0, 0), (0, 2), (1, 1)]
+    assert rlep.first_flagged(shuffled, 3) == [(0, 0), (0, 2), (1, 1)]
     # fewer mixed than the count: the earliest dropped fill in, all in stream order
-    assert ranks.first_flagged(flags, 5) == [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2)]
-    assert ranks.first_flagged(flags[:2], 2) == [(0, 0), (0, 1)]
+    assert rlep.first_flagged(flags, 5) == [(0, 0), (0, 1), (0, 2), (1, 1), (1, 2)]
+    assert rlep.first_flagged(flags[:2], 2) == [(0, 0), (0, 1)]
 
 
 class ScheduledEngine:
@@ -127,7 +127,7 @@ def test_at_the_cap_the_dropped_groups_fill_the_step_earliest_first(tiny_model, 
     kept = [(0, p) for p in range(7)] + [(1, 1)]
     assert [g[0].row_id for g in my_groups.values()] == [ids[j][p] for j, p in kept]
     record = {"reward_mean": 0.0, **meter}
-    step_metrics.log_step("phase1", 3, 4, record)
+    metrics.log_step("phase1", 3, 4, record)
     assert "capped: 3 groups mixed" in capsys.readouterr().out
 
 
@@ -147,7 +147,7 @@ def gathered(patterns, world_size):
 
 def test_the_choice_takes_stream_order_not_the_order_the_ranks_report_in():
     for world_size in (1, 2, 4):
-        assert ranks.first_flagged(gathered(binding, world_size), 8) == binding_kept
+        assert rlep.first_flagged(gathered(binding, world_size), 8) == binding_kept
     # it binds: the first 8 mixed in the 2 ranks' report order are other groups
     reported = [key for key, flag in gathered(binding, 2) if flag][:8]
     assert sorted(reported) != binding_kept

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import Qwen2ForCausalLM
 
-from machinery import errors, ranks, report
+from machinery import UserError, ranks, report
 import eval
 import rlep
 import verify
@@ -247,7 +247,7 @@ bad_inputs = [
     ("a checkpoint without weights", ["--run_dir", f"{B}/run"],
      "--run_dir {bad}/run/phase1/step_000002: no weights (model.safetensors"),
     ("--model with weights cut short", ["--model", f"{B}/cut"],
-     "cut/model.safetensors: cut short, 1,000 bytes where its header needs"),
+     "cut/model.safetensors: cut short or damaged (1,000 bytes; safetensors: "),
     ("--model without a chat template", ["--model", f"{B}/no_template"],
      "no_template: the tokenizer has no chat template"),
     ("--run_dir without checkpoints", ["--run_dir", f"{B}/empty_run"],
@@ -277,7 +277,7 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(
     models = [] if "--run_dir" in flags or "--model" in flags else ["--model", tiny_model]
     monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
     # a flag's value out of its choices is argparse's: one line on stderr, exit 2
-    with pytest.raises((errors.UserError, SystemExit)) as error:
+    with pytest.raises((UserError, SystemExit)) as error:
         eval.main([*models, "--data", data_files[0], *sampling, "--out_dir", str(out), *flags])
     line = str(error.value)
     if error.type is SystemExit:
@@ -303,7 +303,7 @@ def test_samples_of_other_settings_are_refused_before_sampling(clean_run, tiny_m
     shutil.copytree(clean_run[0], out)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
-    with pytest.raises(errors.UserError, match=r"eval/: samples made with other settings \(k\); "
+    with pytest.raises(UserError, match=r"eval/: samples made with other settings \(k\); "
                                              "use another --out_dir"):
         eval.main(["--model", tiny_model, *data_args(data_files), *sampling, "--k", "2",
                    "--out_dir", str(out)])
@@ -435,5 +435,5 @@ def test_compare_prints_rlep_comparison_table_and_draws_a_panel_per_metric(tmp_p
         ("seed3 baseline", steps(3), [0.10, 0.50, 0.40], "--", 2)]
     assert [line[0] for line in panels["val_acc/amc23"]] == ["seed1 baseline", "seed1 RLEP"]
     assert panels["val_acc/aime24"][1][2] == [0.0, 0.20, 0.10, 0.30, 0.25]
-    with pytest.raises(errors.UserError, match="empty: no val_acc"):
+    with pytest.raises(UserError, match="empty: no val_acc"):
         eval.main(["--compare", str(tmp_path / "empty"), "--out_dir", str(tmp_path / "out")])

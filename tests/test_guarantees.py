@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
-from machinery import checkpoints, collate, disk, errors, models, ranks, vllm_engine
+from machinery import UserError, builtin, checkpoints, disk, hub, ranks, vllm_engine
 import eval
 import rlep
 import verify
@@ -127,7 +127,7 @@ def test_the_first_update_is_the_token_mean_policy_gradient(tiny_model):
     policy, optimizer = rlep.build_policy(tiny_model, cfg, single)
     groups = fixed_groups(two_prompts, 2)
     samples = [s for g in groups for s in g]
-    batch = collate.collate(samples, 0, cpu)
+    batch = rlep.collate(samples, 0, cpu)
     logprobs = policy(batch)
     advantages = torch.tensor([s.advantage for s in samples])
     (-(advantages[:, None] * logprobs * batch["completion_mask"]).sum() / 36).backward()
@@ -398,7 +398,7 @@ def test_a_stopped_saves_leftovers_count_as_free_and_go_only_after_the_checks(tm
              "--cache_dir", os.path.dirname(tiny_model)]
     monkeypatch.setattr(rlep, "build_engine", lambda *a, **k: pytest.fail("built an engine"))
     # a full disk: the leftover's 64 bytes are the free space, and a refusal deletes nothing
-    with pytest.raises(errors.UserError, match=r"^--out_dir .*: 64\.0 B free"):
+    with pytest.raises(UserError, match=r"^--out_dir .*: 64\.0 B free"):
         rlep.main(flags)
     assert stopped.exists()
     # room enough: the checks pass, then the leftover goes before the engine starts
@@ -428,16 +428,16 @@ def test_a_built_in_model_built_twice_at_once_keeps_the_first_and_no_temporary(
         if mine == "second":  # the rival finishes while this one builds
             build(str(cache / "tiny.tmp1"), "first")
             os.replace(cache / "tiny.tmp1", cache / "tiny")
-    monkeypatch.setattr(models, "build_tiny_model", build)
-    assert models.resolve_model("builtin:tiny", str(cache)) == str(cache / "tiny")
+    monkeypatch.setattr(builtin, "build_tiny_model", build)
+    assert hub.model_folder("builtin:tiny", str(cache)) == str(cache / "tiny")
     assert open(cache / "tiny" / "weights").read() == "first"
     assert os.listdir(cache) == ["tiny"]
     # a rename that fails for another reason is not hidden
-    monkeypatch.setattr(models.os, "replace", lambda a, b: (_ for _ in ()).throw(
+    monkeypatch.setattr(hub.os, "replace", lambda a, b: (_ for _ in ()).throw(
         PermissionError(a)))
-    monkeypatch.setattr(models, "build_tiny_model", lambda out_dir: os.makedirs(out_dir))
+    monkeypatch.setattr(builtin, "build_tiny_model", lambda out_dir: os.makedirs(out_dir))
     with pytest.raises(PermissionError):
-        models.resolve_model("builtin:tiny", str(tmp_path / "other"))
+        hub.model_folder("builtin:tiny", str(tmp_path / "other"))
 
 
 # -----------------------------------------------------------------------------------------

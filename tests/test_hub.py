@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from huggingface_hub import constants
 
-from machinery import data, errors, models
+from machinery import UserError, data, hub
 import rlep
 
 repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,7 +90,7 @@ def test_a_name_that_cannot_be_fetched_is_one_line(hub_cache, tmp_path, name, me
     local = tmp_path / "train.parquet"
     dapo_parquet(local, ["1+1"])
     fill_cache(hub_cache, "org/math", {"data/train.parquet": local.read_bytes()})
-    with pytest.raises(errors.UserError) as error:
+    with pytest.raises(UserError) as error:
         data.read_rows(name)
     line = str(error.value)
     assert line.startswith(f"{name}: ") and message in line and "\n" not in line
@@ -99,11 +99,11 @@ def test_a_name_that_cannot_be_fetched_is_one_line(hub_cache, tmp_path, name, me
 def test_a_hub_model_resolves_to_its_cached_folder(hub_cache, tiny_model, tmp_path):
     files = {name: os.path.join(tiny_model, name) for name in os.listdir(tiny_model)}
     fill_cache(hub_cache, "org/tiny-math", files, kind="models")
-    folder = models.resolve_model("org/tiny-math", str(tmp_path))
+    folder = hub.model_folder("org/tiny-math", str(tmp_path))
     assert folder == str(hub_cache / "models--org--tiny-math" / "snapshots" / commit)
     assert sorted(os.listdir(folder)) == sorted(os.listdir(tiny_model))
     with pytest.raises(ValueError, match=r"^org/absent: cannot fetch it from the hub \("):
-        models.resolve_model("org/absent", str(tmp_path))
+        hub.model_folder("org/absent", str(tmp_path))
 
 
 def test_a_run_takes_hub_names_and_saves_them_as_given(hub_cache, tiny_model, tmp_path,
@@ -169,7 +169,7 @@ def test_eval_py_takes_a_hub_model_and_records_its_name(hub_cache, tiny_model, t
                    "--out_dir", str(out)])
     assert read == [str(hub_cache / "models--org--tiny-math" / "snapshots" / commit)]
     assert json.load(open(out / "settings.json"))["model"] == "org/tiny-math"
-    with pytest.raises(errors.UserError, match=r"^org/absent: cannot fetch it from the hub \("):
+    with pytest.raises(UserError, match=r"^org/absent: cannot fetch it from the hub \("):
         eval.main(["--model", "org/absent", "--data", str(tmp_path / "sums.jsonl"),
                    "--out_dir", str(tmp_path / "absent")])
     assert not (tmp_path / "absent").exists()

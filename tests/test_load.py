@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import FSDPModule
 from transformers import AutoModelForCausalLM
 
-from machinery import collate, models, ranks
+from machinery import hub, ranks
 import rlep
 
 
@@ -56,7 +56,7 @@ def test_rank_zero_alone_reads_the_weights_and_every_rank_gets_them(tmp_path_fac
                                                                     free_port):
     cache = tmp_path_factory.mktemp("cache")
     model_dir = tmp_path_factory.mktemp("smollm2") / "bf16"
-    converted = AutoModelForCausalLM.from_pretrained(models.resolve_model("builtin:smollm2",
+    converted = AutoModelForCausalLM.from_pretrained(hub.model_folder("builtin:smollm2",
                                                                          str(cache)))
     converted.to(torch.bfloat16).save_pretrained(model_dir)
     del converted
@@ -90,7 +90,7 @@ def layer_calls(model_path, *flags):
     # a pre-hook: the recomputation stops once it has what the backward needs
     policy.model.model.layers[0].register_forward_pre_hook(lambda *args: calls.append(1))
     sample = rlep.Sample([5, 6, 7], [8, 9], False, 0.0, advantage=1.0)
-    policy(collate.collate([sample], 0, "cpu")).sum().backward()
+    policy(rlep.collate([sample], 0, "cpu")).sum().backward()
     return len(calls)
 
 

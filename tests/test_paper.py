@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from machinery import checkpoints, data, disk, errors, precision, ranks, vllm_engine
+from machinery import UserError, checkpoints, data, disk, fsdp, ranks, vllm_engine
 import rlep
 import verify
 
@@ -595,7 +595,7 @@ def quiet_main(monkeypatch, tokenizer):
     """rlep.main with the stand-in engine and no speed measurement; returns the engine."""
     engine = StubEngine(tokenizer)
     monkeypatch.setattr(rlep, "build_engine", lambda *args, **kwargs: engine)
-    monkeypatch.setattr(precision, "linear_gflops", lambda *args, **kwargs: 100.0)
+    monkeypatch.setattr(fsdp, "linear_gflops", lambda *args, **kwargs: 100.0)
     return engine
 
 
@@ -641,7 +641,7 @@ def test_main_checks_the_disk_before_it_builds_anything(tmp_path, tiny_model, mo
                                                         quiet_main):
     no_disk(monkeypatch)
     monkeypatch.setattr(rlep, "build_engine", lambda *args, **kwargs: pytest.fail("built"))
-    with pytest.raises(errors.UserError, match="B free"):
+    with pytest.raises(UserError, match="B free"):
         rlep.main(["--preset", "tiny", "--out_dir", str(tmp_path / "run"),
                    "--cache_dir", os.path.dirname(tiny_model)])
 
@@ -650,7 +650,7 @@ def test_main_checks_the_disk_before_it_writes_anything(tmp_path, tiny_model, mo
                                                         quiet_main):
     no_disk(monkeypatch)
     out = tmp_path / "run"
-    with pytest.raises(errors.UserError, match="B free"):
+    with pytest.raises(UserError, match="B free"):
         rlep.main(["--preset", "tiny", "--out_dir", str(out),
                    "--cache_dir", os.path.dirname(tiny_model)])
     assert not out.exists() or not any(out.iterdir())

@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from machinery import checkpoints, data, errors, planner, ranks, vllm_engine
+from machinery import UserError, checkpoints, data, ranks, vllm_engine
 import rlep
 
 
@@ -97,7 +97,7 @@ def collect_until_push(rank, out_dir, model_path):
         try:
             rlep.collect(cfg, rows, EngineStandIn(), tokenizer, tokenizer.eos_token_id, d)
             outcomes.append("returned")
-        except (Reached, errors.UserError) as e:
+        except (Reached, UserError) as e:
             outcomes.append(f"{type(e).__name__} {e}")
     return outcomes
 
@@ -140,7 +140,7 @@ def test_phase_two_reads_the_collected_pool_on_rank_0_alone(tmp_path, tiny_model
 def exchange_a_tensor(rank):
     d = ranks.setup_distributed()
     sample = rlep.Sample([1, 2], [3, 4], True, 1.0, old_logprobs=torch.zeros(2))
-    planner.exchange([[(0, sample)], [(1, sample)]], d)
+    ranks.exchange([[(0, sample)], [(1, sample)]], d)
     return "returned"
 
 
@@ -151,7 +151,7 @@ def test_a_row_carrying_a_tensor_is_refused_by_the_exchange(tmp_path, free_port)
         assert rank["message"].startswith("exchange: a row carries a tensor (torch.float32, cpu)")
     # rows of plain data cross, as before
     plain = rlep.Sample([1, 2], [3, 4], True, 1.0, vllm_logprobs=[-0.5, -0.25])
-    assert planner.row_bytes([plain])
+    assert ranks.row_bytes([plain])
 
 
 def push_weights(rank, model_path):

