@@ -29,15 +29,15 @@ def sample(correct, replay=False, reward=None):
 def test_a_group_is_dropped_when_its_answers_all_agree_replays_included():
     right, wrong = sample(True), sample(False)
     right_replay, wrong_replay = sample(True, True), sample(False, True)
-    assert rlep.mixed([right, wrong, wrong])
-    assert not rlep.mixed([wrong] * 4) and not rlep.mixed([right] * 4)
+    assert rlep.right_and_wrong([right, wrong, wrong])
+    assert not rlep.right_and_wrong([wrong] * 4) and not rlep.right_and_wrong([right] * 4)
     # RLEP's rescue: every fresh rollout wrong, a replay right: kept
-    assert rlep.mixed([wrong] * 4 + [right_replay] * 2)
+    assert rlep.right_and_wrong([wrong] * 4 + [right_replay] * 2)
     # all right, replays right too: no signal, dropped
-    assert not rlep.mixed([right] * 4 + [right_replay] * 2)
-    assert not rlep.mixed([wrong] * 4 + [wrong_replay] * 2)
+    assert not rlep.right_and_wrong([right] * 4 + [right_replay] * 2)
+    assert not rlep.right_and_wrong([wrong] * 4 + [wrong_replay] * 2)
     # verl's metric acc: correctness, not the overlong penalty's reward differences
-    assert not rlep.mixed([sample(True, reward=1.0), sample(True, reward=0.5)])
+    assert not rlep.right_and_wrong([sample(True, reward=1.0), sample(True, reward=0.5)])
 
 
 def test_the_first_mixed_groups_in_stream_order_are_kept_and_dropped_ones_fill_a_short_step():
@@ -110,7 +110,7 @@ def test_the_step_is_refilled_from_the_next_rounds_in_their_order(tiny_model):
                 + [ids[2][p] for p in (0, 2)])
     assert list(my_groups) == list(range(8))
     assert [g[0].row_id for g in my_groups.values()] == expected
-    assert all(rlep.mixed(g) for g in my_groups.values())
+    assert all(rlep.right_and_wrong(g) for g in my_groups.values())
     # round 0 keeps the key of a run without the flag; round j adds j
     for j, seeds in enumerate(engine.seeds):
         extra = (j,) if j else ()

@@ -145,8 +145,8 @@ def exchange_a_tensor(rank):
 
 
 def test_a_row_carrying_a_tensor_is_refused_by_the_exchange(tmp_path, free_port):
-    ranks = run_on_two_ranks(exchange_a_tensor, (), tmp_path, free_port)
-    for rank in ranks:
+    outcomes = run_on_two_ranks(exchange_a_tensor, (), tmp_path, free_port)
+    for rank in outcomes:
         assert rank["raised"] == "TypeError"
         assert rank["message"].startswith("exchange: a row carries a tensor (torch.float32, cpu)")
     # rows of plain data cross, as before

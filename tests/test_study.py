@@ -659,7 +659,7 @@ def run_main(monkeypatch, out, archive, *more, dtype="float32", on_run=None):
             on_run(folder)
     monkeypatch.setattr(study, "run", run)
     monkeypatch.setattr(study.hub, "model_folder", lambda *a, **k: "model")
-    monkeypatch.setattr(study.precision, "resolve_dtype", lambda *a, **k: types.SimpleNamespace(
+    monkeypatch.setattr(study.fsdp, "resolve_dtype", lambda *a, **k: types.SimpleNamespace(
         dtype=dtype, why="measured (a test)", gflops={}))
     monkeypatch.setattr(sys, "argv", ["study_replay.py", "--study", "dynamic", *tiny,
                                       "--seeds", "1", "2", "3", "--family_seeds", "1", "2",

@@ -237,7 +237,7 @@ def test_the_second_epoch_uses_the_old_logprobs_of_the_steps_start(tiny_model, m
     def recording_loss(lp, old, *a, **k):
         old_used.append(old)
         return real_loss(lp, old, *a, **k)
-    monkeypatch.setattr(planner, "collate", recording_collate)  # what the planner calls
+    monkeypatch.setattr(rlep, "collate", recording_collate)  # what ppo_update calls
     monkeypatch.setattr(rlep, "policy_loss", recording_loss)
     mini_batch = cfg.mini_batch_prompts * cfg.n
     stats, _ = rlep.ppo_update(policy, optimizer, dict(enumerate(groups)), mini_batch, cfg, d, 0,
@@ -269,7 +269,7 @@ def test_each_later_epoch_takes_the_mini_batches_in_its_own_seeded_order(tiny_mo
     def recording_collate(samples, *a, **k):
         collated.append(position[id(samples[0])])
         return real_collate(samples, *a, **k)
-    monkeypatch.setattr(planner, "collate", recording_collate)  # what the planner calls
+    monkeypatch.setattr(rlep, "collate", recording_collate)  # what ppo_update calls
     later = []
     for seed in range(5):
         collated.clear()

@@ -55,7 +55,7 @@ def history(out_dir):
 
 
 def test_without_a_project_wandb_is_never_imported():
-    code = ("import sys, rlep, eval, machinery.step_metrics; rlep.parse_config([]); "
+    code = ("import sys, rlep, eval, machinery.metrics; rlep.parse_config([]); "
             "print('wandb' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
                          text=True, check=True).stdout

@@ -53,12 +53,13 @@ rlep_names = {
     "groups": "make_groups", "group": "build_group", "penalty": "overlong_penalty",
     "advantages": "group_advantages", "replays": "draw_replays",
     "plan": "planner.plan_mini_batches",
-    "mini_batch": "planner.micro_batches", "old_logprobs": "keep_old_logprobs",
-    "loss": "policy_loss", "update": "ppo_update", "logprobs": "rlep.TokenLogProbs",
+    "mini_batch": "planner.micro_batches", "collate": "collate",
+    "old_logprobs": "keep_old_logprobs", "loss": "policy_loss", "update": "ppo_update",
+    "logprobs": "TokenLogProbs",
     "collect": "collect", "visit": "visit",
 }
-recorded_roles = ["group", "penalty", "advantages", "replays", "mini_batch", "old_logprobs",
-                  "loss", "update"]
+recorded_roles = ["group", "penalty", "advantages", "replays", "mini_batch", "collate",
+                  "old_logprobs", "loss", "update"]
 
 
 def fn(role: str) -> str:
@@ -140,7 +141,9 @@ def step_numbers(recording: Recording, cfg, tokenizer) -> dict:
     real_loss = recording.real["loss"]
     group_calls = calls["group"]  # one per prompt, in the step's order (= its position)
     penalties = [result for _, result in calls["penalty"]]
-    mini_batches = [result for _, result in calls["mini_batch"]]
+    # each mini-batch's micro-batches as collate made them, in the order the planner gave them
+    collated = iter(result for _, result in calls["collate"])
+    mini_batches = [[next(collated) for _ in result] for _, result in calls["mini_batch"]]
     positions = [[int(p) for p in args["positions"]] for args, _ in calls["mini_batch"]]
     mini_batch_of = {p: k for k, run in enumerate(positions) for p in run}
     group_size = cfg.n + cfg.replay_m  # build_group grades each of n + m with one penalty
