@@ -794,7 +794,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
     # a collected pool's size is known only now (machinery/preflight.py checked the rest)
     if len(rows) < cfg.prompts_per_step:
         raise UserError(f"{part}: {len(rows)} prompts, fewer than --prompts_per_step "
-                               f"{cfg.prompts_per_step}")
+                        f"{cfg.prompts_per_step}")
     os.makedirs(part_dir, exist_ok=True)
     metrics_path = os.path.join(part_dir, "metrics.jsonl")
     samples_path = os.path.join(part_dir, "samples.jsonl")
@@ -851,7 +851,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         visits = [visit(group) for group in groups]
         gaps = metrics.logprob_gaps(trained)
         my_counts = metrics.step_counts(groups, visits, gaps, tokenizer=tokenizer, cfg=cfg,
-                                             stop_ids=stop_ids, update=stats)
+                                        stop_ids=stop_ids, update=stats)
         counts = ranks.gather_lists([my_counts], d)
         # after stats: step_record's all-rank token counts win
         record = {"step": step + 1, "lr": lr, **stats, **metrics.step_record(counts), **meter,
