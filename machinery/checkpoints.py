@@ -1,7 +1,10 @@
-"""Checkpoints: a part's step_NNNNNN folders, written whole (a .tmp folder renamed) and
-complete once trainer_state.pt is in them; HF weights gathered to rank 0, AdamW's state a file per
-rank (torch.distributed.checkpoint, resharded on resume); the newest few kept, the collection's
-step kept as weights. disk.py sizes them against the disk before a run."""
+"""Checkpoints: a part's step_NNNNNN folders, written whole (a .tmp folder renamed) with their
+own record, checkpoint.json, written last: every file with its size, so a checkpoint proves it is
+whole (damage names what is missing or cut). HF weights gathered to rank 0, AdamW's state a file
+per rank (torch.distributed.checkpoint, resharded on resume); the newest few kept, the
+collection's step kept as weights. disk.py sizes them against the disk before a run; a disk that
+fills during a save stops the run in one line."""
+import errno
 import json
 import os
 import shutil
@@ -14,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
+from machinery import RunStopped, UserError
 from machinery.files import write_atomic
 
 
@@ -21,18 +25,20 @@ def checkpoint_path(part_dir: str, step: int) -> str:
     return os.path.join(part_dir, f"step_{step:06d}")
 
 
-def complete_checkpoints(part_dir: str) -> list[int]:
-    """The steps of a part's complete checkpoints, oldest first. A save cut short left only a
-    `.tmp` folder, which is not one."""
+def step_folders(part_dir: str) -> list[int]:
+    """The steps of a part's step_NNNNNN folders, oldest first (a save cut short left only a
+    `.tmp` folder, which is not one)."""
     if not os.path.isdir(part_dir):
         return []
-    steps = []
-    for name in os.listdir(part_dir):
-        number = name[len("step_"):]
-        state = os.path.join(part_dir, name, "trainer_state.pt")
-        if name.startswith("step_") and number.isdigit() and os.path.isfile(state):
-            steps.append(int(number))
-    return sorted(steps)
+    names = [name[len("step_"):] for name in os.listdir(part_dir) if name.startswith("step_")]
+    return sorted(int(number) for number in names if number.isdigit())
+
+
+def complete_checkpoints(part_dir: str) -> list[int]:
+    """The steps of a part's complete checkpoints, oldest first: those holding their record
+    (damage says whether each file it lists is still there)."""
+    return [step for step in step_folders(part_dir)
+            if os.path.isfile(os.path.join(checkpoint_path(part_dir, step), "checkpoint.json"))]
 
 
 def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
@@ -41,6 +47,50 @@ def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
     if not steps:
         return 0, None
     return steps[-1], checkpoint_path(part_dir, steps[-1])
+
+
+def write_record(folder: str, step: int):
+    """checkpoint.json: the step and every file of the folder with its size, written last."""
+    sizes = {os.path.relpath(os.path.join(root, name), folder):
+             os.path.getsize(os.path.join(root, name))
+             for root, _, names in os.walk(folder) for name in names
+             if name != "checkpoint.json"}
+    write_atomic(os.path.join(folder, "checkpoint.json"),
+                 json.dumps({"step": step, "files": dict(sorted(sizes.items()))}, indent=1))
+
+
+def damage(folder: str, weights_only: bool = False) -> str:
+    """What makes a checkpoint less than whole ("" if nothing): its record missing, a file it
+    lists missing or of another size; a resume needs AdamW's state and the trainer state too,
+    the collection and eval.py the weights (weights_only: pruning keeps only them at the
+    collection's step)."""
+    try:
+        with open(os.path.join(folder, "checkpoint.json")) as f:
+            listed = json.load(f)["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no readable checkpoint.json (a save cut short, or files removed by hand)"
+    for name, size in listed.items():
+        if weights_only and (name.startswith("optimizer") or name == "trainer_state.pt"):
+            continue
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            return f"{name} is missing"
+        if os.path.getsize(path) != size:
+            return f"{name} holds {os.path.getsize(path):,} bytes, its record {size:,}"
+    return ""
+
+
+def check_resume(part_dir: str):
+    """Refuse to resume a part whose newest checkpoint is damaged, naming what is missing and the
+    step a resume would fall back to once it is moved away."""
+    steps = step_folders(part_dir)
+    if not steps or not (what := damage(checkpoint_path(part_dir, steps[-1]))):
+        return
+    older = [step for step in steps[:-1] if not damage(checkpoint_path(part_dir, step))]
+    fallback = (f"to resume from step {older[-1]}, the newest whole one" if older else
+                "to start the part over (no whole checkpoint is older)")
+    raise UserError(f"{checkpoint_path(part_dir, steps[-1])}: damaged, {what}: move it away "
+                    f"{fallback}")
 
 
 def resume_point(part_dir: str) -> tuple[int, str | None, int]:
@@ -113,29 +163,60 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
         if id(param) in seen:
             weights.pop(name, None)
         seen.add(id(param))
-    if d.master_process:
+    try:
+        if d.master_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            policy.model.save_pretrained(tmp, state_dict=weights)
+            tokenizer.save_pretrained(tmp)
+            write_atomic(os.path.join(tmp, "rlep_config.json"), json.dumps(asdict(cfg), indent=2))
+        # rank 0's full copy goes before AdamW's state is gathered
+        del weights
+        if d.distributed:
+            dist.barrier()
+        optimizer_state = get_optimizer_state_dict(policy, optimizer)
+        dcp.save({"optimizer": optimizer_state}, checkpoint_id=os.path.join(tmp, "optimizer"))
+        if d.master_process:
+            # data order and replay draws derive from the step; the RNG state is kept for safety
+            state = {"step": step, "torch_rng": torch.get_rng_state(),
+                     # the next step's first round of prompts (resume_point)
+                     "prompt_round": step if prompt_round is None else prompt_round}
+            torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+            # last: the record that makes it whole
+            write_record(tmp, step)
+    except Exception as e:
+        if not disk_full(e):
+            raise
         shutil.rmtree(tmp, ignore_errors=True)
-        policy.model.save_pretrained(tmp, state_dict=weights)
-        tokenizer.save_pretrained(tmp)
-        write_atomic(os.path.join(tmp, "rlep_config.json"), json.dumps(asdict(cfg), indent=2))
-    # rank 0's full copy goes before AdamW's state is gathered
-    del weights
-    if d.distributed:
-        dist.barrier()
-    optimizer_state = get_optimizer_state_dict(policy, optimizer)
-    dcp.save({"optimizer": optimizer_state}, checkpoint_id=os.path.join(tmp, "optimizer"))
+        params = sum(p.numel() for p in policy.parameters())
+        free = shutil.disk_usage(part_dir).free
+        raise RunStopped(f"{part_dir}: the disk filled during step {step}'s save: a checkpoint "
+                         f"needs about {12 * params / 1e9:.1f} GB, {free / 1e9:.1f} GB are free; "
+                         "free some, then --resume (the newest whole checkpoint is kept)") from None
     if d.master_process:
-        # data order and replay draws derive from the step; the RNG state is kept for safety
-        state = {"step": step, "torch_rng": torch.get_rng_state(),
-                 # the next step's first round of prompts (resume_point)
-                 "prompt_round": step if prompt_round is None else prompt_round}
-        torch.save(state, os.path.join(tmp, "trainer_state.pt"))
         # the same step saved again after a resume
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         prune_checkpoints(part_dir, cfg.keep_checkpoints, protected)
     if d.distributed:
         dist.barrier()
+
+
+def disk_full(error: BaseException) -> bool:
+    """ENOSPC, raised as it is or inside a library's error (safetensors', DCP's)."""
+    return (isinstance(error, OSError) and error.errno == errno.ENOSPC) \
+        or "No space left on device" in str(error)
+
+
+def divergence_line(part_dir: str, step: int, grad_norm: float, lr: float) -> str:
+    """What a run that diverged at `step` says: the cause the numbers point to, the last good
+    checkpoint and how to go on from it."""
+    last = latest_checkpoint(part_dir)[0]
+    where = (f"the last good checkpoint is {os.path.basename(part_dir)} step {last}: continue "
+             "from it with a lower --lr (--resume --override --lr ...)" if last else
+             "no checkpoint was saved before it: start again with a lower --lr")
+    return (f"{os.path.basename(part_dir)} step {step}: the update diverged (grad_norm "
+            f"{grad_norm:.3g}, the loss or the weights no longer finite); the likely cause is "
+            f"the learning rate, --lr {lr:g}; {where}")
 
 
 def load_trainer_state(ckpt: str, policy, optimizer):

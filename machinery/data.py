@@ -6,7 +6,12 @@ A row: {"id", "problem", "answer"} and, where given, "prompt" (chat messages), "
 pool's verified answers), "data_source" (validation reports accuracy per source)."""
 import hashlib
 import json
+import math
 import os
+from typing import Annotated, Literal
+
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt,
+                      StrictStr, ValidationError)
 
 from machinery import UserError
 from machinery.builtin import builtin_rows
@@ -14,63 +19,125 @@ from machinery.files import read_jsonl, write_atomic
 from machinery.hub import local_file
 
 
-def from_dapo_schema(raw: dict, where: str) -> dict:
-    """A DAPO row (prompt, reward_model.ground_truth [.candidates]) in our keys: problem, answer,
-    prompt, responses."""
-    messages = raw.get("prompt")
-    reward_model = raw["reward_model"]
-    is_message = [isinstance(m, dict) and {"role", "content"} <= set(m)
-                  for m in messages or []]
-    if not isinstance(messages, list) or not messages or not all(is_message):
-        raise UserError(f"{where}: 'prompt' must be a non-empty list "
-                        "of {role, content} messages")
-    if (not isinstance(reward_model, dict)
-            or reward_model.get("ground_truth") in (None, "")):
-        raise UserError(f"{where}: missing 'reward_model.ground_truth'")
-    prompt = [{"role": m["role"], "content": m["content"]} for m in messages]
-    return {
-        **raw,
-        "problem": messages[-1]["content"],
-        "answer": reward_model["ground_truth"],
-        "prompt": prompt,
-        "responses": reward_model.get("candidates"),
-    }
+def finite(x: float) -> float:
+    if not math.isfinite(x):
+        raise ValueError("not finite")
+    return x
 
 
-# the keys normalize_row reads (a parquet file's other columns are not read)
+# A row's fields, checked by pydantic (strict: no bool for a number, no number for a text): a
+# refusal names the file, the row and the field, with what the field must be (rules).
+Text = Annotated[StrictStr, Field(pattern=r"\S")]
+Answer = Text | StrictInt | Annotated[StrictFloat, AfterValidator(finite)]
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: StrictStr
+
+
+def has_user_turn(messages: list) -> list:
+    if not any(m.role == "user" and m.content.strip() for m in messages):
+        raise ValueError("no user turn")
+    return messages
+
+
+Prompt = Annotated[list[Message], Field(min_length=1), AfterValidator(has_user_turn)]
+
+
+class Row(BaseModel):
+    """Our keys (other keys are not read)."""
+    model_config = ConfigDict(extra="ignore")
+    id: StrictStr | StrictInt | None = None
+    problem: Text
+    answer: Answer
+    prompt: Prompt | None = None  # chat messages, the template not used
+    responses: list[StrictStr] | None = None  # a pool's verified answers
+    data_source: StrictStr | None = None  # validation reports accuracy per source
+
+
+class RewardModel(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    ground_truth: Answer
+    candidates: list[StrictStr] | None = None
+
+
+class DapoRow(BaseModel):
+    """The DAPO schema: the problem is the prompt's last message."""
+    model_config = ConfigDict(extra="ignore")
+    id: StrictStr | StrictInt | None = None
+    prompt: Prompt
+    reward_model: RewardModel
+    data_source: StrictStr | None = None
+
+
+# what a field must be, in a refusal
+rules = {"problem": "a non-empty string", "answer": "a non-empty string or a finite number",
+         "ground_truth": "a non-empty string or a finite number",
+         "prompt": "a non-empty list of {role, content} messages with a user turn",
+         "role": "system, user or assistant", "content": "a string",
+         "responses": "a list of strings", "candidates": "a list of strings",
+         "id": "a string or an integer", "data_source": "a string",
+         "reward_model": "an object with ground_truth [and candidates]"}
+
+
+def schema_error(error: ValidationError, where: str) -> UserError:
+    """The first error as one line: the field's path (reward_model.ground_truth, prompt.0.role)
+    and what it must be."""
+    first = error.errors()[0]
+    path = []
+    for part in first["loc"]:
+        if not (isinstance(part, int) or part in rules):
+            break  # pydantic's name for a member of a union
+        path.append(str(part))
+    field = next(p for p in reversed(path) if not p.isdigit())
+    name = ".".join(path)
+    if first["type"] == "missing":
+        hint = " (or use the DAPO schema: prompt + reward_model)" * (name in ("problem", "answer"))
+        return UserError(f"{where}: missing '{name}'{hint}")
+    if field in ("responses", "candidates"):
+        return UserError(f"{where}: responses/candidates must be a list of strings")
+    rule = "a {role, content} message" if path[-1].isdigit() else rules[field]
+    shown = repr(first["input"])
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return UserError(f"{where}: '{name}' must be {rule}, not {shown}")
+
+
+def answer_text(answer) -> str:
+    """A gold answer as the verifier reads it: a whole float as an integer (3.0: "3")."""
+    if isinstance(answer, float) and answer.is_integer():
+        answer = int(answer)
+    return str(answer)
+
+
+# the keys a row is read from (a parquet file's other columns are not read)
 row_columns = {"id", "problem", "answer", "prompt", "reward_model", "responses", "data_source"}
 
 
 def normalize_row(raw: dict, where: str) -> dict:
-    """A DAPO row or {"problem", "answer" [, "responses"]}, checked."""
+    """A DAPO row or {"problem", "answer" [, "prompt", "responses", "data_source"]}, checked by
+    its schema, in our keys."""
     if not isinstance(raw, dict):
         kind = type(raw).__name__
         raise UserError(f"{where}: expected a JSON object, got {kind}")
-    if "reward_model" in raw:
-        raw = from_dapo_schema(raw, where)
-    for key in ("problem", "answer"):
-        if raw.get(key) in (None, ""):
-            raise UserError(f"{where}: missing '{key}' (or use the DAPO "
-                            "schema: prompt + reward_model)")
-    responses = raw.get("responses")
-    if responses is not None:
-        if not isinstance(responses, (list, tuple)) or not all(
-                isinstance(r, str) for r in responses):
-            raise UserError(f"{where}: responses/candidates must be a "
-                            "list of strings")
-        responses = list(responses)
-    problem = str(raw["problem"])
-    row_id = raw.get("id") or hashlib.sha1(problem.encode()).hexdigest()[:12]
-    row = {
-        "id": str(row_id),
-        "problem": problem,
-        "answer": str(raw["answer"]),
-        "prompt": raw["prompt"] if isinstance(raw.get("prompt"), list) else None,
-        "responses": responses,
-        # validation reports accuracy per data source
-        "data_source": str(raw["data_source"]) if raw.get("data_source") else None,
+    try:
+        if "reward_model" in raw:
+            dapo = DapoRow.model_validate(raw)
+            row = Row(id=dapo.id, problem=dapo.prompt[-1].content, prompt=dapo.prompt,
+                      answer=dapo.reward_model.ground_truth, data_source=dapo.data_source,
+                      responses=dapo.reward_model.candidates)
+        else:
+            row = Row.model_validate(raw)
+    except ValidationError as e:
+        raise schema_error(e, where) from None
+    row_id = row.id if row.id not in (None, "") else hashlib.sha1(
+        row.problem.encode()).hexdigest()[:12]
+    fields = {
+        "id": str(row_id), "problem": row.problem, "answer": answer_text(row.answer),
+        "prompt": [m.model_dump() for m in row.prompt] if row.prompt else None,
+        "responses": row.responses, "data_source": row.data_source,
     }
-    return {k: v for k, v in row.items() if v is not None}
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> list[dict]:

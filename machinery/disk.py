@@ -103,41 +103,40 @@ def show_bytes(n: float) -> str:
     return f"{n / max(size, 1):.1f} {unit}"
 
 
-def nearest_folder(out_dir: str) -> str:
-    """The output folder, or the nearest folder above it that exists (where it will be made)."""
-    where = os.path.abspath(out_dir)
-    while not os.path.exists(where):
+def nearest_folder(path: str) -> str:
+    """The folder, or the nearest folder above it that exists (where it will be made)."""
+    where = os.path.abspath(path)
+    while not os.path.isdir(where):
         where = os.path.dirname(where)
-    if not os.path.isdir(where):
-        raise UserError(f"--out_dir {out_dir}: {where} is a file, not a folder")
     return where
 
 
-def check_writable(out_dir: str):
+def check_writable(path: str, flag: str = "--out_dir"):
     """A folder made and removed where the run will write: a read-only disk, a folder of another
-    user's or a virtual filesystem (/proc) is refused here, not by the first save. The out_dir's
+    user's or a virtual filesystem (/proc) is refused here, not by the first save. The folder's
     own contents stay as they are."""
-    where = nearest_folder(out_dir)
+    where = nearest_folder(path)
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".rlep-write-test-", dir=where))
     except OSError as e:
-        raise UserError(f"--out_dir {out_dir}: cannot write in {where} ({e.strerror})") from None
+        raise UserError(f"{flag} {path}: cannot write in {where} ({e.strerror})") from None
 
 
-def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1):
+def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1) -> str:
     """Refuse a command whose checkpoints, metrics, samples and pool would not fit on the output
     disk (num_rows: the training prompts the collection answers). Called before anything is
-    written, so that a refused start leaves no run behind."""
+    written, so that a refused start leaves no run behind. Returns the line that says so, for
+    the run's start."""
     need = disk_budget(cfg, checkpoint_size(model_path, ranks), held_checkpoints(cfg.out_dir))
     logs = log_bytes(cfg, num_rows)
     # the output folder may not exist yet: the disk it will be on
     where = nearest_folder(cfg.out_dir)
     free = shutil.disk_usage(where).free + sum(map(folder_bytes, leftovers(cfg.out_dir)))
     peak, each, held = (show_bytes(need[k]) for k in ("peak", "per_checkpoint", "on_disk"))
-    print(f"disk: checkpoints peak at {peak} ({each} each, --keep_checkpoints "
-          f"{cfg.keep_checkpoints}), {held} of them on disk already; metrics, samples and the "
-          f"pool up to {show_bytes(logs)}; {show_bytes(free)} free in {where}", flush=True)
     if need["need"] + logs > free:
         raise UserError(f"--out_dir {cfg.out_dir}: {show_bytes(free)} free, this command's "
                         f"checkpoints and logs need {show_bytes(need['need'] + logs)} more: free "
                         "some, lower --keep_checkpoints, or use another --out_dir")
+    return (f"disk: checkpoints peak at {peak} ({each} each, --keep_checkpoints "
+            f"{cfg.keep_checkpoints}), {held} of them on disk already; metrics, samples and the "
+            f"pool up to {show_bytes(logs)}; {show_bytes(free)} free in {where}")

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from machinery.ranks import Dist
 
@@ -63,6 +64,15 @@ def load_from_rank0(model, full_weights: dict, d: Dist):
     # buffers outside the state dict (rotary inv_freq) were not sent: rank 0's go now
     for _, buffer in sorted(model.named_buffers()):
         dist.broadcast(buffer, src=0)
+
+
+def weights_finite(model: torch.nn.Module) -> bool:
+    """Whether every weight is finite, on every rank alike (FSDP2's shards: one all-reduce)."""
+    finite = torch.stack([(p.to_local() if isinstance(p, DTensor) else p).isfinite().all()
+                          for p in model.parameters()]).all().float()
+    if dist.is_initialized():
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+    return bool(finite.item())
 
 
 def linear_gflops(dtype: str, model_path: str, tokens: int = 1024) -> float:

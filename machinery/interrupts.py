@@ -7,13 +7,13 @@ import shlex
 import signal
 import sys
 
-from machinery.checkpoints import latest_checkpoint
-from machinery.data import read_collection
-
 
 def stop_line(why: str, cfg, argv: list, where: str) -> str:
     """What Ctrl-C or SIGTERM prints: where the run stopped, what is saved, the command that
     continues it. cfg: the command's config (its out_dir)."""
+    # imported here: this module is imported before torch (catch_stops, from a script's first line)
+    from machinery.checkpoints import latest_checkpoint
+    from machinery.data import read_collection
     if not os.path.isfile(os.path.join(cfg.out_dir, "config.json")):
         return f"rlep.py: stopped ({why}) in {where}; nothing written"
     first, second = (latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
@@ -33,13 +33,17 @@ def stop_line(why: str, cfg, argv: list, where: str) -> str:
 # SIGTERM ends a rank stuck in a collective) raises KeyboardInterrupt at once, but not inside a
 # save: torch's checkpoint code would wrap it in another error and leave half a checkpoint, so the
 # stop waits for the save's end. "why": the stop asked for, seen at the next step or chunk
-# (stop_if_asked) where a raise got lost (caught in a __del__); "deferred": inside a save.
-stop = {"why": "", "deferred": False}
+# (stop_if_asked) where a raise got lost (caught in a __del__); "deferred": inside a save;
+# "script": the script whose main runs (raising: its main catches the stop); before that, during
+# the imports, a stop ends the process at once in one line.
+stop = {"why": "", "deferred": False, "script": ""}
 
 
-def catch_stops():
-    """ask_to_stop for Ctrl-C and SIGTERM, in a plain process; torchrun's ranks keep Python's
-    default (SIGTERM ends a rank stuck in a collective)."""
+def catch_stops(script: str = ""):
+    """ask_to_stop for Ctrl-C and SIGTERM, in a plain process, from a script's first line (its
+    imports take seconds); torchrun's ranks keep Python's default (SIGTERM ends a rank stuck in a
+    collective). With `script`, its main has started: a stop raises there."""
+    stop["script"] = script
     if "RANK" not in os.environ:
         signal.signal(signal.SIGINT, ask_to_stop)
         signal.signal(signal.SIGTERM, ask_to_stop)
@@ -49,6 +53,11 @@ def ask_to_stop(signum, frame):
     """The handler of SIGINT and SIGTERM; a second one stops a save too."""
     again = bool(stop["why"])
     stop["why"] = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+    if not stop["script"]:  # still importing: nothing is written yet
+        name = os.path.basename(sys.argv[0])
+        print(f"{name}: stopped ({stop['why']}) while starting; nothing written",
+              file=sys.stderr, flush=True)
+        os._exit(143 if signum == signal.SIGTERM else 130)
     if again or not stop["deferred"]:
         raise KeyboardInterrupt(stop["why"])
 
@@ -80,11 +89,24 @@ def end_on_stop(error: BaseException, cfg, argv: list, where: str):
     if not (isinstance(error, KeyboardInterrupt) or stop["why"]):
         raise error
     why = stop["why"] or str(error) or "Ctrl-C"
+    end(stop_line(why, cfg, argv, where), why)
+
+
+def end(line: str, why: str):
+    """A stopped script's end: `line` on rank 0, exit 130 (Ctrl-C) or 143 (SIGTERM); a plain
+    process runs its exit handlers and skips Python's teardown."""
     if os.environ.get("RANK", "0") == "0":
-        print(stop_line(why, cfg, argv, where), file=sys.stderr, flush=True)
+        print(line, file=sys.stderr, flush=True)
     code = 143 if why == "SIGTERM" else 130
     if "RANK" in os.environ:
         sys.exit(code)
     sys.stdout.flush()
     atexit._run_exitfuncs()
     os._exit(code)
+
+
+def end_eval(error: KeyboardInterrupt):
+    """eval.py's end after a stop: what it sampled is kept, and the same command continues."""
+    why = stop["why"] or str(error) or "Ctrl-C"
+    end(f"eval.py: stopped ({why}); the problems sampled so far are kept (samples.jsonl): the "
+        "same command continues", why)

@@ -10,14 +10,16 @@ default; and a bad value must be one line and exit 2, which argparse's parser.er
 import argparse
 import inspect
 import json
+import math
 import operator
 import os
 import re
+import string
 import sys
 from dataclasses import asdict
 
 from machinery import UserError
-from machinery.checkpoints import latest_checkpoint
+from machinery.checkpoints import checkpoint_path, check_resume, damage, latest_checkpoint
 from machinery.disk import check_disk, check_writable
 
 
@@ -35,6 +37,9 @@ def dataclass_flags(cls):
             flag["choices"] = values.split(", ")
         yield name, flag
 
+
+# vLLM refuses a request for more samples than this (its VLLM_MAX_N_SEQUENCES)
+max_samples = int(os.environ.get("VLLM_MAX_N_SEQUENCES", 16384))
 
 # Each number's range (the config's fields, by name); a field may have two bounds
 number_ranges = {
@@ -55,6 +60,8 @@ number_ranges = {
     "< 1": "clip_low",
     # the dual clip bounds a negative advantage's loss where the ratio passes c > 1 + ε_high
     "> 1": "clip_c",
+    # vLLM's most samples a request
+    f"<= {max_samples}": "n collect_k val_k",
 }
 
 
@@ -78,6 +85,10 @@ def check_ranges(values: dict, ranges: dict):
             # NaN fails every comparison
             if not compare(values[name], float(limit)):
                 raise UserError(f"--{name} {values[name]}: must be {words} {limit}")
+    # infinity passes a lower bound
+    for name in " ".join(ranges.values()).split():
+        if not math.isfinite(values[name]):
+            raise UserError(f"--{name} {values[name]}: must be a finite number")
 
 
 def check_config(cfg, world_size: int = 1) -> list[str]:
@@ -85,6 +96,10 @@ def check_config(cfg, world_size: int = 1) -> list[str]:
     return a warning line for each legal but surprising one. cfg: the run's config, a dataclass
     whose fields are the flags. Every rank decides alike: nothing but the command is read."""
     check_ranges(asdict(cfg), number_ranges)
+    check_template(cfg.prompt_template)
+    for flag in ("out_dir", "cache_dir"):
+        if not getattr(cfg, flag).strip():
+            raise UserError(f"--{flag} {getattr(cfg, flag)!r}: a folder is needed")
     for name, other in at_most.items():
         if getattr(cfg, name) > getattr(cfg, other):
             raise UserError(f"--{name} {getattr(cfg, name)}: must be at most --{other} "
@@ -104,6 +119,21 @@ def check_config(cfg, world_size: int = 1) -> list[str]:
         warnings.append(f"--replay_m {cfg.replay_m} > --n {cfg.n}: a group holds more "
                         "replays than fresh rollouts")
     return warnings
+
+
+def check_template(template: str, flag: str = "--prompt_template"):
+    """A plain row's prompt is the template with {problem} filled in: a template that names
+    another field would fail at its first row, one that does not name {problem} would give every
+    row the same prompt."""
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template)
+                  if name is not None}
+    except ValueError as e:  # an unbalanced brace
+        raise UserError(f"{flag} {template!r}: {e} (a literal brace is written {{{{ or }}}})")
+    if fields != {"problem"}:
+        named = ", ".join("{" + name + "}" for name in sorted(fields)) or "no field"
+        raise UserError(f"{flag} {template!r}: names {named}; a template names {{problem}}, "
+                        "the row's problem, and nothing else (a literal brace is {{ or }})")
 
 
 # The fields a resumed run may change, as none changes what the run computes: where files (and W&B's
@@ -160,22 +190,52 @@ def commit_changes(cfg, saved: dict, at: dict, commits: dict) -> list[dict]:
     return [{"field": name, "from": before[name], "to": commits[name], **at} for name in changed]
 
 
-def check_model(path: str, flag: str = "--model_path"):
-    """A model folder (a hub name is fetched into one before: resolve_model), `flag` naming it in
-    a refusal: config.json and whole weights."""
+def check_model(path: str, flag: str, end_token) -> tuple:
+    """A model folder the trainer and vLLM both load (a hub name is fetched into one before), `flag`
+    naming it in a refusal: a config.json transformers knows, whole weights of the config's
+    shapes, a tokenizer whose chat template renders, a token that ends a response
+    (end_token(tokenizer), None if there is none), the tokenizer's ids inside the vocabulary.
+    Returns (tokenizer, config)."""
+    from transformers import AutoConfig, AutoTokenizer
     if not os.path.isdir(path):
         raise UserError(f"{flag} {path}: no such folder (a hub name like Qwen/Qwen2.5-Math-7B "
                         "is fetched once into huggingface_hub's cache)")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise UserError(f"{flag} {path}: not a model folder (no config.json)")
-    check_weights(path, flag)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:  # an unknown model_type, a file not JSON
+        raise UserError(f"{flag} {path}: its config.json: {first_line(e)}") from None
+    check_weights(path, flag, config)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as e:  # a folder without a tokenizer, say
+        raise UserError(f"{flag} {path}: {first_line(e)}") from None
+    check_tokenizer(tokenizer, path, flag)
+    end = end_token(tokenizer)
+    if end is None:
+        raise UserError(f"{flag} {path}: the tokenizer has no EOS token to end a response: "
+                        "give --stop_token")
+    vocab = config.get_text_config().vocab_size
+    ids = {"its tokenizer's largest id": len(tokenizer) - 1, "the end token's id": end,
+           "the pad token's id": tokenizer.pad_token_id}
+    for what, i in ids.items():
+        if i is not None and i >= vocab:
+            raise UserError(f"{flag} {path}: {what}, {i}, is outside its vocabulary of {vocab} "
+                            "(vocab_size in config.json): a tokenizer of another model?")
+    return tokenizer, config
 
 
-def check_weights(folder: str, flag: str):
-    """The folder's weights are there and whole: safetensors reads each shard's header and checks
-    that its tensors end where the file does (milliseconds for 7B). Without safetensors or
-    pytorch_model*.bin files vLLM would load any .pt file as weights (a checkpoint's
-    trainer_state.pt); a file cut short by a copy would fail deep in its loader."""
+def first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def check_weights(folder: str, flag: str, config=None):
+    """The folder's weights are there, whole and of the config's shapes: safetensors reads each
+    shard's header and checks that its tensors end where the file does, and each tensor's shape
+    is compared to the model config.json builds on the meta device (no memory; a second for 7B).
+    Without safetensors or pytorch_model*.bin files vLLM would load any .pt file as weights (a
+    checkpoint's trainer_state.pt); a file cut short by a copy would fail deep in its loader."""
     from safetensors import SafetensorError, safe_open
     names = os.listdir(folder)
     shards = sorted(n for n in names if n.endswith(".safetensors"))
@@ -184,24 +244,50 @@ def check_weights(folder: str, flag: str):
         raise UserError(f"{flag} {folder}: no weights (model.safetensors or pytorch_model.bin)")
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
-            listed = set(json.load(f).get("weight_map", {}).values())
+        try:
+            with open(index) as f:
+                listed = set(json.load(f)["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UserError(f"{index}: not a safetensors index ({first_line(e)})") from None
         missing = sorted(listed - set(shards))
         if missing:
             raise UserError(f"{flag} {folder}: no {missing[0]}, a shard its "
                             "model.safetensors.index.json lists")
+    shapes = {}
     for name in shards:
         path = os.path.join(folder, name)
         try:
-            safe_open(path, "pt").keys()
+            with safe_open(path, "pt") as f:
+                shapes.update({key: f.get_slice(key).get_shape() for key in f.keys()})
         except SafetensorError as e:  # an interrupted copy, say
             raise UserError(f"{path}: cut short or damaged ({os.path.getsize(path):,} bytes; "
                             f"safetensors: {e})") from None
+    if config is None or not shapes:
+        return
+    expected = meta_model(config).state_dict()
+    shared = [key for key in shapes if key in expected]
+    if not shared:
+        raise UserError(f"{flag} {folder}: none of its weights' names is one of the "
+                        f"{config.model_type} model config.json describes")
+    for key in shared:
+        if list(shapes[key]) != list(expected[key].shape):
+            raise UserError(f"{flag} {folder}: {key} is {list(shapes[key])} in the weights, "
+                            f"{list(expected[key].shape)} by its config.json (hidden_size, "
+                            "vocab_size, the layers' sizes: a config of another model?)")
+
+
+def meta_model(config):
+    """The model a config describes, on the meta device: its shapes, no memory."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
 
 
 def check_tokenizer(tokenizer, path: str, flag: str = "--model_path"):
     """A tokenizer rlep.py can use: transformers builds a one-token tokenizer from a folder
-    without tokenizer files, and every row is rendered with apply_chat_template."""
+    without tokenizer files, and every row is rendered with apply_chat_template, whose template
+    must render."""
     if len(tokenizer) < 2:
         raise UserError(f"{flag} {path}: no tokenizer (tokenizer.json, or vocab.json and "
                         "merges.txt): copy the model's tokenizer files into it")
@@ -209,67 +295,146 @@ def check_tokenizer(tokenizer, path: str, flag: str = "--model_path"):
         raise UserError(f"{flag} {path}: the tokenizer has no chat template (prompts are "
                         "rendered with apply_chat_template): copy the model's "
                         "chat_template.jinja or tokenizer_config.json into it")
+    try:
+        tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}],
+                                      add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # jinja's TemplateError, or the template's own raise
+        raise UserError(f"{flag} {path}: its chat template does not render "
+                        f"({first_line(e)})") from None
 
 
-def model_context(path: str, tokenizer) -> tuple[int, str] | None:
-    """The model's context in tokens, and where it is said, as vLLM derives it for an ordinary
-    model: config.json's max_position_embeddings, capped by the tokenizer's model_max_length,
-    stretched by a linear or dynamic RoPE scaling factor. None if the config gives no length
-    (vLLM then decides)."""
-    from transformers import AutoConfig
-    config = AutoConfig.from_pretrained(path)
-    context = getattr(config, "max_position_embeddings", None)
-    if not context:
-        return None
-    where = f"max_position_embeddings in {path}/config.json"
-    if tokenizer.model_max_length < context:
-        context, where = tokenizer.model_max_length, f"model_max_length of {path}'s tokenizer"
+# RoPE types whose factor vLLM does not apply again to the context (theirs is already scaled)
+rope_scaled_already = {"su", "longrope", "llama3", "yarn", "deepseek_yarn",
+                       "deepseek_llama_scaling"}
+
+
+def model_context(config) -> tuple[int, str]:
+    """The model's context in tokens, and where it is said, as vLLM 0.32 derives it for a
+    generating model (vllm/config/model.py, _get_and_verify_max_len): the smallest of the
+    config's length keys (model_max_length wins where given), 2,048 where none is, times the
+    RoPE scaling factor unless its type is scaled already; the tokenizer is not read."""
+    config = config.get_text_config()
+    keys = ["max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+            "model_max_length", "max_target_positions", "max_sequence_length", "max_seq_length",
+            "seq_len"]
+    found = {key: getattr(config, key) for key in keys if getattr(config, key, None) is not None}
+    if getattr(config, "model_max_length", None):
+        found = {"model_max_length": config.model_max_length}
+    key = min(found, key=found.get) if found else None
+    context, where = (found[key], f"{key} in config.json") if key else (2048, "vLLM's default")
     rope = getattr(config, "rope_parameters", None) or {}
-    if rope.get("rope_type") in ("linear", "dynamic") and rope.get("factor"):
-        context, where = int(context * rope["factor"]), f"{where}, x RoPE factor {rope['factor']}"
-    return context, where
+    # one set, or a set per kind of layer
+    rope = [rope] if "rope_type" in rope else [r for r in rope.values() if isinstance(r, dict)]
+    factor = 1.0
+    for parameters in rope:
+        if parameters.get("rope_type") not in rope_scaled_already:
+            factor = parameters.get("factor") or factor
+    if factor != 1.0 and "gemma3" not in config.model_type:
+        context, where = int(context * factor), f"{where}, x RoPE factor {factor}"
+    return int(context), where
 
 
-def check_context(cfg, model_path: str, tokenizer):
+def check_context(cfg, config):
     """A prompt and its response must fit the model's context, as vLLM requires. cfg: its
     max_prompt_len and max_response_len."""
-    found = model_context(model_path, tokenizer)
+    context, where = model_context(config)
     total = cfg.max_prompt_len + cfg.max_response_len
-    if found and total > found[0]:
+    if total > context:
         raise UserError(f"--max_prompt_len {cfg.max_prompt_len} + --max_response_len "
                         f"{cfg.max_response_len} = {total} tokens: over the model's context, "
-                        f"{found[0]} ({found[1]})")
+                        f"{context} ({where})")
 
 
-def check_start(cfg, model_path: str, world_size: int, inputs: tuple, prompt_text,
-                commits: dict) -> tuple:
-    """Rank 0's checks of what the command reads, before anything is written: the run in out_dir
-    (and how this command differs from it, the hub names' commits included: `commits`, hub's),
-    the model folder, its weights, tokenizer and context,
-    the rows read (inputs: data.read_inputs'), the pool, where the run writes and its disk; a
-    warning line for a pool the training prompts miss and for prompts longer than
-    --max_prompt_len (prompt_text, as warn_cut_prompts). Raises UserError, or returns the saved
-    config and the records of this command's changes for config.json."""
-    from transformers import AutoTokenizer
-    if os.path.exists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
-        raise UserError(f"--out_dir {cfg.out_dir}: a file, not a folder")
+def check_folder(path: str, flag: str):
+    """A folder the run writes in: one already there, or one that can be made (no file, and no
+    link to nothing on the way)."""
+    where = os.path.abspath(path)
+    while not os.path.isdir(where):
+        if os.path.islink(where) and not os.path.exists(where):
+            raise UserError(f"{flag} {path}: {where} is a link to nothing (or a loop of links)")
+        if os.path.exists(where):
+            inside = "" if where == os.path.abspath(path) else f" {where} is"
+            raise UserError(f"{flag} {path}:{inside} a file, not a folder")
+        where = os.path.dirname(where)
+    check_writable(path, flag)
+
+
+def check_checkpoints(cfg):
+    """The checkpoints this command reads are whole (checkpoints.damage): each part's newest,
+    which a resume continues, and phase one's at collect_step, which the collection reads."""
+    parts = {"all": ("phase1", "phase2"), "1": ("phase1",), "2": ("phase2",)}
+    for part in parts.get(cfg.phase, ()):
+        check_resume(os.path.join(cfg.out_dir, part))
+    collect = os.path.join(cfg.out_dir, "collect")
+    if cfg.phase not in ("all", "collect") or cfg.pool or os.path.isfile(
+            os.path.join(collect, "pool.jsonl")):
+        return
+    phase1 = os.path.join(cfg.out_dir, "phase1")
+    ckpt = checkpoint_path(phase1, cfg.collect_step)
+    # phase one still to reach collect_step makes it; a collection begun has it already
+    if cfg.phase == "all" and latest_checkpoint(phase1)[0] < cfg.collect_step:
+        return
+    if not os.path.isdir(ckpt):
+        raise UserError(f"{ckpt}: phase one has no checkpoint at --collect_step "
+                        f"{cfg.collect_step} for the collection to read (run phase one first)")
+    if what := damage(ckpt, weights_only=True):
+        raise UserError(f"{ckpt}: damaged, {what}: the collection reads its weights")
+
+
+def check_wandb(project: str):
+    """W&B can start: offline it always can; online, its key must log in (a network call)."""
+    import wandb
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return
+    try:
+        wandb.login(verify=True, timeout=30)
+    except Exception as e:  # no key, a key refused, no network
+        raise UserError(f"--wandb_project {project}: W&B cannot start ({first_line(e)}; "
+                        "WANDB_MODE=offline keeps the curves on this machine)") from None
+
+
+def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: dict,
+                prompt_text, end_token) -> tuple:
+    """Rank 0's preflight of everything the command reads, before anything is written, so that
+    nothing after it can fail on the user's input: the output and cache folders, the run in
+    out_dir (how this command differs from it, the hub names' commits included: `commits`,
+    hub's) and its checkpoints, the model folder (end_token: rlep.end_token_id) and its context,
+    the rows read (inputs: data.read_inputs'), each file's first prompt rendered (prompt_text:
+    rlep's), the pool against the training rows, the disk, W&B. A warning line each for a pool
+    the training prompts miss and for prompts longer than --max_prompt_len. Raises UserError,
+    or returns the saved config, the records of this command's changes for config.json, and
+    the disk's line (printed once the run starts)."""
+    for path, flag in ((cfg.out_dir, "--out_dir"), (cfg.cache_dir, "--cache_dir")):
+        check_folder(path, flag)
     saved, config_path = {}, os.path.join(cfg.out_dir, "config.json")
     if os.path.isfile(config_path):
         if not cfg.resume:
             raise UserError(f"{cfg.out_dir} already holds a run: pass --resume to continue "
                             "it, or another --out_dir")
         saved = read_saved_config(config_path)
+    elif cfg.resume:
+        raise UserError(f"--resume: {cfg.out_dir} holds no run (no config.json): check its "
+                        "name, or leave out --resume to start one there")
     at = {f"{part}_step": latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
           for part in ("phase1", "phase2")}
     changes = resume_changes(cfg, saved, at) + commit_changes(cfg, saved, at, commits)
-    check_model(model_path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-    except OSError as e:  # a folder without a tokenizer
-        raise UserError(f"--model_path {model_path}: {str(e).splitlines()[0]}") from None
-    check_tokenizer(tokenizer, model_path)
-    check_context(cfg, model_path, tokenizer)
-    train_rows, _, pool = inputs
+    check_checkpoints(cfg)
+    tokenizer, config = check_model(model_path, "--model_path",
+                                    lambda t: end_token(t, cfg.stop_token))
+    check_context(cfg, config)
+    check_rows(cfg, inputs, tokenizer, prompt_text)
+    named_rows = dict(zip(("training", "validation", "pooled"), inputs))
+    warn_cut_prompts(named_rows, tokenizer, cfg.max_prompt_len, cfg.prompt_template, prompt_text)
+    disk_line = check_disk(cfg, model_path, len(inputs[0]), world_size)
+    if cfg.wandb_project:
+        check_wandb(cfg.wandb_project)
+    return saved, changes, disk_line
+
+
+def check_rows(cfg, inputs: tuple, tokenizer, prompt_text):
+    """The rows against the run: enough prompts a step for each part, a pool for phase two, the
+    pool's ids against the training rows' problems, the first prompt of each file rendered."""
+    train_rows, val_rows, pool = inputs
     # the parts whose prompts are known now (a pool still to be collected is not)
     parts = {"1": pool if cfg.phase1_prompts == "pool" else train_rows,
              "2": train_rows if cfg.phase2_prompts == "all" else pool}
@@ -280,38 +445,54 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, prompt_tex
     collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
     if cfg.phase == "2" and not cfg.pool and not os.path.isfile(collected):
         raise UserError(f"--phase 2 needs --pool FILE, or the collection's {collected}")
+    check_prompts({"--train_file": train_rows, "--val_file": val_rows, "--pool": pool},
+                  tokenizer, cfg.prompt_template, prompt_text)
+    problems = {row["id"]: row["problem"] for row in train_rows}
+    for row in pool or []:
+        if problems.get(row["id"], row["problem"]) != row["problem"]:
+            raise UserError(f"--pool {cfg.pool}: id {row['id']!r} is another problem in "
+                            f"--train_file {cfg.train_file} ({row['problem'][:30]!r} in the "
+                            f"pool, {problems[row['id']][:30]!r} there): a pool's answers go to "
+                            "the training prompt of their id")
     if pool and cfg.phase2_prompts == "all" and cfg.phase in ("all", "2"):
         # control: phase two visits the training prompts; a pooled prompt it never visits is never
         # replayed (none visited: the baseline again, replay_frac 0)
-        known = {row["id"] for row in train_rows}
-        unvisited = sum(row["id"] not in known for row in pool)
+        unvisited = sum(row["id"] not in problems for row in pool)
         if unvisited:
             warn(f"--pool {cfg.pool}: {unvisited} of its {len(pool)} prompts are not in "
                  f"--train_file {cfg.train_file} (matched by id): with --phase2_prompts all "
                  "their answers are never replayed")
-    warn_cut_prompts(inputs, tokenizer, cfg, prompt_text)
-    check_writable(cfg.out_dir)
-    check_disk(cfg, model_path, len(train_rows), world_size)
-    return saved, changes
 
 
-def warn_cut_prompts(inputs: tuple, tokenizer, cfg, prompt_text):
+def check_prompts(named_rows: dict, tokenizer, template: str, prompt_text):
+    """Each file's first prompt renders: the template (a format spec, say) and the chat template
+    on a real row. named_rows {the file's flag: its rows}; prompt_text: rlep's."""
+    for flag, rows in named_rows.items():
+        try:
+            prompt_text(tokenizer, rows[0], template) if rows else None
+        except Exception as e:  # a template's format spec, a chat template that raises
+            raise UserError(f"{flag}: its first row's prompt does not render "
+                            f"({type(e).__name__}: {first_line(e)})") from None
+
+
+def warn_cut_prompts(named_rows: dict, tokenizer, max_len: int, template: str, prompt_text,
+                     script: str = "rlep.py"):
     """One warning line for the rows whose prompts are longer than --max_prompt_len (cut from the
-    left at each step, without a word): the training rows, the validation rows, the pool
-    (read_inputs). cfg: its max_prompt_len and prompt_template; prompt_text(tokenizer, row,
-    template): a row's prompt. A token spans at least a byte of the text (a SentencePiece prefix
-    aside): only texts of max_prompt_len bytes or more can be cut, and only they are tokenized."""
+    left, without a word), named_rows {what they are: rows} (the training rows, the validation
+    rows, the pool; eval.py's benchmarks); prompt_text(tokenizer, row, template): a row's prompt.
+    A token spans at least a byte of the text (a SentencePiece prefix aside): only texts of
+    max_len bytes or more can be cut, and only they are tokenized."""
     cut = []
-    for name, rows in zip(("training", "validation", "pooled"), inputs):
-        texts = [prompt_text(tokenizer, row, cfg.prompt_template) for row in rows or []]
-        long = [text for text in texts if len(text.encode()) >= cfg.max_prompt_len]
+    for name, rows in named_rows.items():
+        texts = [prompt_text(tokenizer, row, template) for row in rows or []]
+        long = [text for text in texts if len(text.encode()) >= max_len]
         ids = tokenizer(long, add_special_tokens=False)["input_ids"] if long else []
-        count = sum(len(prompt) > cfg.max_prompt_len for prompt in ids)
+        count = sum(len(prompt) > max_len for prompt in ids)
         if count:
             cut.append(f"{count:,} of {len(rows):,} {name}")
     if cut:
-        warn(f"--max_prompt_len {cfg.max_prompt_len}: {', '.join(cut)} prompts are longer, cut "
-             "from the left (their start is lost)")
+        warn(f"--max_prompt_len {max_len}: {', '.join(cut)} prompts are longer, cut from the "
+             "left (their start is lost)", script)
 
 
 def read_saved_config(path: str) -> dict:
@@ -327,9 +508,9 @@ def read_saved_config(path: str) -> dict:
     return saved
 
 
-def warn(line: str):
+def warn(line: str, script: str = "rlep.py"):
     """A legal but surprising input: one line, on the rank that checks."""
-    print(f"rlep.py: warning: {line}", file=sys.stderr, flush=True)
+    print(f"{script}: warning: {line}", file=sys.stderr, flush=True)
 
 
 def check_save_plan(cfg):

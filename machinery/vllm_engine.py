@@ -123,6 +123,10 @@ class Engine:
                 if p.numel():
                     sums[name] = float64_sum(p.flatten()[:size])
             return sums
+        not_finite = [name for name, (_, total) in pushed.items() if not math.isfinite(total)]
+        if not_finite:
+            raise RuntimeError(f"the trainer's weights are not finite (NaN or inf) in "
+                               f"{', '.join(not_finite[:4])}: the run diverged")
         wrong = []
         for name, total in self.llm.apply_model(engine_sums)[0].items():
             expected = pushed[name][1] if name in pushed else math.nan

@@ -453,7 +453,8 @@ def test_a_pool_the_training_prompts_miss_and_cut_prompts_are_warned_about_once(
              str(cache_dir), "--phase", "2", "--pool", str(pool_path), "--train_file",
              str(files / "pool.jsonl")]
     def check(cfg):
-        preflight.check_start(cfg, tiny_model, 1, data.read_inputs(cfg), rlep.prompt_text, {})
+        preflight.check_start(cfg, tiny_model, 1, data.read_inputs(cfg), {}, rlep.prompt_text,
+                              rlep.end_token_id)
     check(rlep.parse_config(flags + ["--phase2_prompts", "all"]))
     warnings = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
     assert warnings == [
@@ -471,7 +472,9 @@ def test_a_pool_the_training_prompts_miss_and_cut_prompts_are_warned_about_once(
     cfg = rlep.parse_config(["--preset", "tiny", "--max_prompt_len", "40"])
     expected = sum(length > 40 for length in lengths)
     assert 0 < expected < len(rows)
-    preflight.warn_cut_prompts((rows, rows[:3], None), tokenizer, cfg, rlep.prompt_text)
+    preflight.warn_cut_prompts({"training": rows, "validation": rows[:3], "pooled": None},
+                               tokenizer, cfg.max_prompt_len, cfg.prompt_template,
+                               rlep.prompt_text)
     assert capsys.readouterr().err.splitlines() == [
         f"rlep.py: warning: --max_prompt_len 40: {expected} of 40 training prompts are longer, "
         "cut from the left (their start is lost)"]

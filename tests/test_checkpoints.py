@@ -21,11 +21,14 @@ import rlep
 
 
 def fake_checkpoint(part_dir, step, complete=True):
+    """A checkpoint's files, empty; complete: with its record (checkpoint.json), as a finished
+    save leaves it."""
     folder = checkpoints.checkpoint_path(str(part_dir), step)
     os.makedirs(os.path.join(folder, "optimizer"))
     open(os.path.join(folder, "model.safetensors"), "w").close()
     if complete:
         open(os.path.join(folder, "trainer_state.pt"), "w").close()
+        checkpoints.write_record(folder, step)
     return folder
 
 
@@ -49,10 +52,11 @@ def test_pruning_keeps_the_newest_whole_and_the_protected_weights(tmp_path):
 
 def fake_sized_checkpoint(part_dir, step, params):
     """A complete checkpoint whose files have a real one's sizes for `params` parameters:
-    fp32 weights (4 bytes each), AdamW's two moments (8)."""
+    fp32 weights (4 bytes each, its record's bytes among them), AdamW's two moments (8)."""
     folder = fake_checkpoint(part_dir, step)
+    record = os.path.getsize(os.path.join(folder, "checkpoint.json"))
     with open(os.path.join(folder, "model.safetensors"), "wb") as f:
-        f.truncate(4 * params)
+        f.truncate(4 * params - record)
     with open(os.path.join(folder, "optimizer", "0.distcp"), "wb") as f:
         f.truncate(8 * params)
 
@@ -92,7 +96,7 @@ def replay_saves(cfg, out_dir, params):
     (["--phase", "all", "--collect_step", "3", "--keep_checkpoints", "1"], 4 + 3 * 12)])
 def test_the_disk_budget_is_the_peak_of_what_pruning_leaves(tmp_path, flags, peak):
     """In bytes a parameter: 12 a whole checkpoint, 4 the collection's weights alone."""
-    params = 10
+    params = 1000
     cfg = rlep.parse_config(["--preset", "paper", "--out_dir", str(tmp_path), "--phase1_steps",
                              "8", "--phase2_steps", "8", "--collect_step", "8", "--save_every",
                              "2", *flags])
@@ -130,8 +134,7 @@ def test_a_resumed_run_is_budgeted_for_what_it_still_writes(tmp_path, tiny_model
     need = disk.disk_budget(cfg, disk.checkpoint_size(tiny_model), held)["need"]
     need += disk.log_bytes(cfg, num_rows=0)
     free_space(need)
-    disk.check_disk(cfg, tiny_model)
-    assert "of them on disk already" in capsys.readouterr().out
+    assert "of them on disk already" in disk.check_disk(cfg, tiny_model)
     free_space(need - 1)
     with pytest.raises(UserError, match="need .* more") as error:
         disk.check_disk(cfg, tiny_model)

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from transformers import Qwen2ForCausalLM
+from transformers import AutoConfig, Qwen2ForCausalLM
 
 from machinery import UserError, ranks, report
 import eval
@@ -320,15 +320,18 @@ def test_other_settings_refuse_to_resume_and_new_tokens_fit_the_context(clean_ru
         return eval.parse_args(["--model", tiny_model, *data_args(data_files), *sampling, *flags,
                                 "--out_dir", str(out)])
 
+    config = AutoConfig.from_pretrained(tiny_model)
+
     def evaluate(args):
-        benchmarks = eval.load_benchmarks(args.data)
-        return eval.evaluate(tiny_model, benchmarks, args, ranks.setup_distributed(), args.out_dir)
+        """The preflight's check of the folder's settings."""
+        cfg = eval.make_config(args, tiny_model, config)
+        eval.check_settings(args.out_dir, eval.settings_of(cfg, args, tiny_model))
 
     args = parse("--k", "8")
     with pytest.raises(ValueError, match=r"other settings \(k\)"):
         evaluate(args)
     args = parse("--stop_token", "=")
-    assert eval.make_config(args, tiny_model, ranks.setup_distributed()).stop_token == "="
+    assert eval.make_config(args, tiny_model, config).stop_token == "="
     with pytest.raises(ValueError, match=r"other settings \(stop_token\)"):
         evaluate(args)
     # samples of the one-rule eval.py (no "rules" in settings.json, "correct" a plain list) are
@@ -343,7 +346,7 @@ def test_other_settings_refuse_to_resume_and_new_tokens_fit_the_context(clean_ru
     for prompt_len, expected in ((64, (64, 512 - 64)), (1024, (256, 256))):
         args = eval.parse_args(["--model", tiny_model, "--data", "x.jsonl",
                                 "--max_prompt_len", str(prompt_len)])
-        cfg = eval.make_config(args, tiny_model, ranks.setup_distributed())
+        cfg = eval.make_config(args, tiny_model, config)
         assert (cfg.max_prompt_len, cfg.max_response_len) == expected
 
 
@@ -362,8 +365,11 @@ def test_a_folder_of_the_older_rule_name_resumes_without_sampling_again(clean_ru
     args = eval.parse_args(["--model", tiny_model, *data_args(data_files), *sampling,
                             "--out_dir", str(out)])
     benchmarks = eval.load_benchmarks(args.data)
-    results, engine = eval.evaluate(tiny_model, benchmarks, args, ranks.setup_distributed(),
-                                    str(out))
+    cfg = eval.make_config(args, tiny_model, AutoConfig.from_pretrained(tiny_model))
+    settings = eval.settings_of(cfg, args, tiny_model)
+    eval.check_settings(str(out), settings)
+    results, engine = eval.evaluate(tiny_model, benchmarks, cfg, settings, args,
+                                    ranks.setup_distributed(), str(out))
     # every problem was done: no engine was built
     assert engine is None
     assert results == json.load(open(os.path.join(clean_run[0], "results.json")))

@@ -154,7 +154,7 @@ mutations = [
     ("paper preset: collect_k 32", "rlep.py", "collect_k: int = 64", "collect_k: int = 32"),
     ("paper preset: warm-up 5", "rlep.py", "warmup_steps: int = 10", "warmup_steps: int = 5"),
     ("disk check removed from the start checks", "machinery/preflight.py",
-     "check_disk(cfg, model_path, len(train_rows), world_size)", "pass"),
+     "disk_line = check_disk(cfg, model_path, len(inputs[0]), world_size)", 'disk_line = ""'),
     # issue 40: what the suite let change (tests/test_guarantees.py)
     ("long prompts cut from their end", "rlep.py", '["input_ids"][-max_len:]',
      '["input_ids"][:max_len]',
@@ -229,14 +229,10 @@ mutations = [
      ('tmp = final + ".tmp"', "shutil.rmtree(final, ignore_errors=True)\n        os.replace"),
      ("tmp = final", "os.replace"),
      [killed_saves]),
-    ("trainer_state.pt written after the rename", "machinery/checkpoints.py",
-     'torch.save(state, os.path.join(tmp, "trainer_state.pt"))\n'
-     "        # the same step saved again after a resume\n"
-     "        shutil.rmtree(final, ignore_errors=True)\n"
-     "        os.replace(tmp, final)\n",
-     "shutil.rmtree(final, ignore_errors=True)\n"
-     "        os.replace(tmp, final)\n"
-     '        torch.save(state, os.path.join(final, "trainer_state.pt"))\n',
+    ("the record written after the rename", "machinery/checkpoints.py",
+     ("            # last: the record that makes it whole\n            write_record(tmp, step)\n",
+      "        os.replace(tmp, final)\n"),
+     ("", "        os.replace(tmp, final)\n        write_record(final, step)\n"),
      [killed_saves]),
     ("a pruned checkpoint deleted in place", "machinery/checkpoints.py",
      'os.replace(folder, folder + ".deleting")\n            shutil.rmtree(folder + ".deleting")',
