@@ -41,7 +41,8 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from machinery import UserError, data, files, fsdp, hub, interrupts, preflight, ranks, report
+from machinery import (UserError, checkpoints, data, files, fsdp, hub, interrupts, preflight,
+                       ranks, report)
 import verify
 
 # verify.verify's modes, and their names in tables
@@ -342,6 +343,11 @@ def main(argv=None):
         # a hub name (namespace/name, no folder here) is fetched once into huggingface_hub's
         # cache and read there; tables and settings.json keep the name
         folders = [hub.model_folder(name, args.cache_dir, build=False) for name in names]
+        # a checkpoint of rlep.py's proves it is whole by its record
+        for folder in folders:
+            record = os.path.isfile(os.path.join(folder, "checkpoint.json"))
+            if record and (what := checkpoints.damage(folder, weights_only=True)):
+                raise UserError(f"{folder}: damaged, {what}")
         # whole model folders, whose tokenizer renders the prompts and ends the responses
         def end_token(tokenizer):
             return rlep.end_token_id(tokenizer, args.stop_token)

@@ -8,6 +8,7 @@ import errno
 import json
 import os
 import shutil
+import traceback
 from dataclasses import asdict
 
 import torch
@@ -183,7 +184,7 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
             torch.save(state, os.path.join(tmp, "trainer_state.pt"))
             # last: the record that makes it whole
             write_record(tmp, step)
-    except Exception as e:
+    except BaseException as e:  # DCP's CheckpointException is one, not an Exception
         if not disk_full(e):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
@@ -202,9 +203,10 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
 
 
 def disk_full(error: BaseException) -> bool:
-    """ENOSPC, raised as it is or inside a library's error (safetensors', DCP's)."""
+    """ENOSPC, raised as it is or inside a library's error (safetensors', DCP's, which carries
+    each rank's in its text)."""
     return (isinstance(error, OSError) and error.errno == errno.ENOSPC) \
-        or "No space left on device" in str(error)
+        or os.strerror(errno.ENOSPC) in "".join(traceback.format_exception(error))
 
 
 def divergence_line(part_dir: str, step: int, grad_norm: float, lr: float) -> str:

@@ -92,14 +92,17 @@ def check_ranges(values: dict, ranges: dict):
 
 
 def check_config(cfg, world_size: int = 1) -> list[str]:
-    """Refuse a number out of its range or a combination that cannot run (UserError, one line);
-    return a warning line for each legal but surprising one. cfg: the run's config, a dataclass
-    whose fields are the flags. Every rank decides alike: nothing but the command is read."""
+    """Refuse a number out of its range, a template, a folder or a combination that cannot run
+    (UserError, one line); return a warning line for each legal but surprising one. cfg: the
+    run's config, a dataclass whose fields are the flags. Every rank decides alike: nothing but
+    the command is read, and the cache folder (where a built-in model is made first)."""
     check_ranges(asdict(cfg), number_ranges)
     check_template(cfg.prompt_template)
     for flag in ("out_dir", "cache_dir"):
         if not getattr(cfg, flag).strip():
             raise UserError(f"--{flag} {getattr(cfg, flag)!r}: a folder is needed")
+    # before a built-in model is made there
+    check_folder(cfg.cache_dir, "--cache_dir")
     for name, other in at_most.items():
         if getattr(cfg, name) > getattr(cfg, other):
             raise UserError(f"--{name} {getattr(cfg, name)}: must be at most --{other} "
@@ -404,8 +407,7 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
     the training prompts miss and for prompts longer than --max_prompt_len. Raises UserError,
     or returns the saved config, the records of this command's changes for config.json, and
     the disk's line (printed once the run starts)."""
-    for path, flag in ((cfg.out_dir, "--out_dir"), (cfg.cache_dir, "--cache_dir")):
-        check_folder(path, flag)
+    check_folder(cfg.out_dir, "--out_dir")
     saved, config_path = {}, os.path.join(cfg.out_dir, "config.json")
     if os.path.isfile(config_path):
         if not cfg.resume:

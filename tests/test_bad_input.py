@@ -7,6 +7,7 @@ recorded; warnings for legal but surprising settings; Ctrl-C's one line.
 Run: python -m pytest -q tests/test_bad_input.py (about 3 minutes)"""
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -23,7 +24,7 @@ import torch
 from transformers import AutoTokenizer
 
 import machinery.files
-from machinery import UserError, data, preflight, ranks
+from machinery import UserError, checkpoints, data, preflight, ranks
 import rlep
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,6 +49,9 @@ def files(tmp_path_factory, tiny_model):
     pool = [{**r, "id": f"p{i}", "responses": [f"Answer: {r['answer']}"] * 2}
             for i, r in enumerate(good[:67])]
     jsonl("pool.jsonl", pool)
+    # its answers, but for its prompt 0's: both wrong
+    jsonl("pool_wrong.jsonl", [{**pool[0], "responses": ["Answer: 1", "Answer: 999"]}]
+          + pool[1:])
     del pool[40]["responses"]
     jsonl("pool_row_41_bare.jsonl", pool)
     # p4 twice: once as in pool.jsonl, once another problem
@@ -64,6 +68,30 @@ def files(tmp_path_factory, tiny_model):
     os.truncate(weights, os.path.getsize(weights) - 1)
     # a step folder whose weights are gone: vLLM would load trainer_state.pt as weights
     (folder / "no_weights" / "trainer_state.pt").write_bytes(b"state")
+    # model folders that pass a look and fail a load, each one edit of the tiny model
+    def edited(name, file, edit):
+        shutil.copytree(tiny_model, folder / name)
+        path = folder / name / file
+        path.write_text(edit(path.read_text() if path.exists() else ""))
+    config = json.loads((folder / "cut_weights" / "config.json").read_text())
+    edited("unknown_type", "config.json", lambda text: json.dumps({**config, "model_type": "nope"}))
+    edited("wrong_hidden", "config.json", lambda text: json.dumps({**config, "hidden_size": 32}))
+    edited("bad_index", "model.safetensors.index.json", lambda text: "{not json")
+    edited("bad_template", "chat_template.jinja", lambda text: "{% for m in messages %}{{ m")
+    edited("no_eos", "tokenizer_config.json",
+           lambda text: json.dumps({**json.loads(text), "eos_token": None}))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|beyond|>"]})
+    shutil.copytree(tiny_model, folder / "wide_tokenizer")
+    tokenizer.save_pretrained(folder / "wide_tokenizer")
+    # rows whose fields are of the wrong kind, each the last of seven
+    for name, bad in (("answer_dict", {"answer": {"v": 2}}), ("answer_list", {"answer": [3]}),
+                      ("answer_nan", {"answer": math.nan}), ("answer_false", {"answer": False}),
+                      ("prompt_strings", {"answer": "2", "prompt": ["What is 1+1?"]})):
+        jsonl(f"{name}.jsonl", good[:6] + [{"problem": "1+1", **bad}])
+    # the pool's ids are the training file's, one with another problem
+    jsonl("pool_other_p3.jsonl", [{**row, "problem": "9-9"} if row["id"] == "p3" else row
+                                  for row in pool[:40]])
     return folder
 
 
@@ -78,8 +106,11 @@ def hold_a_run(out, cache_dir, *flags):
     cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
                              str(cache_dir), *flags])
     cfg.dtype = "float32"
-    (out / "phase1" / "step_000002").mkdir(parents=True)
-    (out / "phase1" / "step_000002" / "trainer_state.pt").write_bytes(b"state")
+    step = out / "phase1" / "step_000002"
+    (step / "optimizer").mkdir(parents=True)
+    for name in ("model.safetensors", "trainer_state.pt", "optimizer/.metadata"):
+        (step / name).write_bytes(b"bytes of " + name.encode())
+    checkpoints.write_record(str(step), 2)
     (out / "phase1" / "metrics.jsonl").write_text('{"step": 0}\n')
     (out / "config.json").write_text(json.dumps(asdict(cfg), indent=2))
 
@@ -192,6 +223,71 @@ bad_inputs = [
      "config.json lacks --lr: restore them"),
     ("--resume, config.json not JSON", ["--resume"], "run, config.json cut",
      "config.json: not valid JSON (Unterminated string"),
+    # the preflight's later cases: numbers finite and within vLLM's bounds
+    ("--lr inf", ["--lr", "inf"], None, "--lr inf: must be a finite number"),
+    ("--weight_decay inf", ["--weight_decay", "inf"], None,
+     "--weight_decay inf: must be a finite number"),
+    ("--n 100000", ["--n", "100000"], None, "--n 100000: must be at most 16384"),
+    ("--collect_k 20000", ["--collect_k", "20000"], None, "--collect_k 20000: must be at most"),
+    ("--val_k 20000", ["--val_k", "20000"], None, "--val_k 20000: must be at most 16384"),
+    # templates
+    ("--prompt_template another field", ["--prompt_template", "Q: {question}"], None,
+     "names {question}; a template names {problem}"),
+    ("--prompt_template unbalanced", ["--prompt_template", "Q: {problem"], None,
+     "expected '}' before end of string"),
+    ("--prompt_template without {problem}", ["--prompt_template", "Solve it."], None,
+     "names no field; a template names {problem}"),
+    ("--prompt_template a bad format", ["--prompt_template", "{problem:d}"], None,
+     "--train_file: its first row's prompt does not render (ValueError"),
+    # model folders that pass a look and fail a load
+    ("--model_path of an unknown type", ["--model_path", f"{F}/unknown_type"], None,
+     "unknown_type: its config.json: "),
+    ("--model_path with an index not JSON", ["--model_path", f"{F}/bad_index"], None,
+     "bad_index/model.safetensors.index.json: not a safetensors index"),
+    ("--model_path with a chat template that does not parse",
+     ["--model_path", f"{F}/bad_template"], None, "its chat template does not render"),
+    ("--model_path whose hidden_size is not the weights'", ["--model_path", f"{F}/wrong_hidden"],
+     None, "wrong_hidden: lm_head.weight is [259, 64] in the weights, [259, 32] by its config"),
+    ("--model_path whose tokenizer has no EOS", ["--model_path", f"{F}/no_eos"], None,
+     "no_eos: the tokenizer has no EOS token to end a response: give --stop_token"),
+    ("--model_path whose tokenizer outgrows the vocabulary",
+     ["--model_path", f"{F}/wide_tokenizer"], None,
+     "its tokenizer's largest id, 259, is outside its vocabulary of 259"),
+    # rows through the schema
+    ("an answer that is a dict", ["--train_file", f"{F}/answer_dict.jsonl"], None,
+     "answer_dict.jsonl: row 7: 'answer' must be a non-empty string or a finite number, not "
+     "{'v': 2}"),
+    ("an answer that is a list", ["--train_file", f"{F}/answer_list.jsonl"], None,
+     "row 7: 'answer' must be a non-empty string or a finite number, not [3]"),
+    ("an answer that is NaN", ["--train_file", f"{F}/answer_nan.jsonl"], None,
+     "row 7: 'answer' must be a non-empty string or a finite number, not nan"),
+    ("an answer that is false", ["--train_file", f"{F}/answer_false.jsonl"], None,
+     "row 7: 'answer' must be a non-empty string or a finite number, not False"),
+    ("a plain row whose prompt is a list of strings",
+     ["--train_file", f"{F}/prompt_strings.jsonl"], None,
+     "row 7: 'prompt.0' must be a {role, content} message, not 'What is 1+1?'"),
+    ("a pool id of another problem", ["--train_file", f"{F}/pool.jsonl",
+                                      "--pool", f"{F}/pool_other_p3.jsonl"], None,
+     "pool_other_p3.jsonl: id 'p3' is another problem in --train_file"),
+    # folders
+    ("--out_dir empty", ["--out_dir", ""], None, "--out_dir '': a folder is needed"),
+    ("--out_dir a link to nothing", [], "link to nothing", "is a link to nothing"),
+    ("--out_dir a loop of links", [], "loop of links", "is a link to nothing (or a loop"),
+    ("--cache_dir a file", ["--cache_dir", f"{F}/a_file"], None,
+     "--cache_dir {files}/a_file: a file, not a folder"),
+    ("--cache_dir not writable", ["--cache_dir", "/proc/rlep-cache"], None,
+     "--cache_dir /proc/rlep-cache: cannot write in /proc"),
+    # runs and checkpoints
+    ("--resume with no run there", ["--resume"], None, "holds no run (no config.json)"),
+    ("--phase collect with no phase one", ["--phase", "collect"], None,
+     "phase1/step_000004: phase one has no checkpoint at --collect_step 4"),
+    ("--resume, the step's weights gone", ["--resume"], "run, weights gone",
+     "phase1/step_000002: damaged, model.safetensors is missing: move it away to start the "
+     "part over"),
+    ("--resume, trainer_state.pt empty", ["--resume"], "run, state empty",
+     "damaged, trainer_state.pt holds 0 bytes, its record 25"),
+    ("--resume, optimizer/ gone", ["--resume"], "run, optimizer gone",
+     "damaged, optimizer/.metadata is missing"),
 ]
 
 
@@ -207,6 +303,15 @@ def prepare(tmp_path, files, cache_dir, flags, state):
             (out / "config.json").write_text(json.dumps(saved))
         elif state == "run, config.json cut":
             (out / "config.json").write_text(json.dumps(saved)[:100])
+        step = out / "phase1" / "step_000002"
+        damage = {"run, weights gone": lambda: os.remove(step / "model.safetensors"),
+                  "run, state empty": lambda: os.truncate(step / "trainer_state.pt", 0),
+                  "run, optimizer gone": lambda: shutil.rmtree(step / "optimizer")}
+        damage.get(state, lambda: None)()
+    elif state == "link to nothing":
+        os.symlink(tmp_path / "nothing", out)
+    elif state == "loop of links":
+        os.symlink(out, out)
     flags = [f.replace(F, str(files)) for f in flags]
     return out, ["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir), *flags]
 
@@ -226,12 +331,13 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, files, cache_
     if error.type is SystemExit:
         assert error.value.code == 2
         line = capsys.readouterr().err.strip()
-    assert message in line and "\n" not in line
+    assert message.replace(F, str(files)) in line and "\n" not in line
     assert digest(out) == before
 
 
 @pytest.mark.parametrize("case", ["missing data file", "--prompts_per_step 0",
-                                  "--model_path missing", "--resume --lr changed"])
+                                  "--model_path missing", "--resume --lr changed",
+                                  "--stop_token unknown", "--resume, the step's weights gone"])
 def test_python_rlep_py_prints_one_line_and_exits_2(tmp_path, files, cache_dir, case):
     _, flags, state, message = next(c for c in bad_inputs if c[0] == case)
     out, command = prepare(tmp_path, files, cache_dir, flags, state)
@@ -551,3 +657,77 @@ def test_a_second_writer_is_refused_while_orphaned_torchrun_ranks_hold_the_run(
         except UserError:
             assert time.time() < deadline, "the lock outlived its holder's death by a minute"
             time.sleep(0.2)
+
+
+def test_a_given_pools_wrong_answers_are_left_out_with_a_warning(files, capsys):
+    """RLEP replays verified answers: a pool given with --pool is checked by the run's rule,
+    as the collection's is; its wrong answers go (and a prompt left with none), in one line."""
+    cfg = rlep.parse_config(["--preset", "tiny", "--pool", str(files / "pool_wrong.jsonl")])
+    pool = data.load_pool(cfg.pool)
+    kept = rlep.verified_pool(pool, cfg)
+    assert [row["id"] for row in kept] == [row["id"] for row in pool[1:]]
+    assert all(row["responses"] == pool[i + 1]["responses"] for i, row in enumerate(kept))
+    assert capsys.readouterr().err.splitlines() == [
+        f"rlep.py: warning: --pool {cfg.pool}: 2 of its answers are wrong under --verify_mode "
+        "equivalence: left out (1 of its 67 prompts left with none)"]
+    assert rlep.verified_pool(kept, cfg) == kept and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("script", ["rlep.py", "eval.py"])
+def test_ctrl_c_while_the_script_starts_is_one_line(tmp_path, cache_dir, script):
+    """Its imports take seconds: a Ctrl-C then (or, on a fast machine, in main's start) ends it
+    in one line, exit 130, nothing written."""
+    out = tmp_path / "out"
+    flags = {"rlep.py": ["--preset", "tiny", "--cache_dir", str(cache_dir)],
+             "eval.py": ["--model", os.path.join(str(cache_dir), "tiny"), "--data", "x.jsonl"]}
+    process = subprocess.Popen([sys.executable, os.path.join(repo, script), *flags[script],
+                                "--out_dir", str(out)], stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    lines = stderr.strip().splitlines()
+    assert process.returncode == 130 and len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith(f"{script}: stopped (Ctrl-C)") and "nothing written" in lines[0]
+    assert not out.exists()
+
+
+def test_a_diverged_run_stops_in_one_line_before_any_save(tmp_path, cache_dir):
+    """--lr 1e30: the first update's weights are garbage, its next gradient not finite. The run
+    stops at that step with exit 1 and one line naming the step and the learning rate; no
+    checkpoint holds the diverged weights (the tiny preset saves at step 2)."""
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, os.path.join(repo, "rlep.py"), "--preset", "tiny",
+                             "--out_dir", str(out), "--cache_dir", str(cache_dir), "--phase",
+                             "1", "--val_every", "0", "--lr", "1e30"],
+                            capture_output=True, text=True, timeout=300)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+    assert re.match(r"rlep.py: phase1 step 1: the update diverged \(grad_norm nan", lines[0])
+    assert "--lr 1e+30" in lines[0] and "no checkpoint was saved before it" in lines[0]
+    assert checkpoints.step_folders(str(out / "phase1")) == []
+
+
+@pytest.mark.parametrize("rope, context", [
+    (None, 512), ({"rope_type": "linear", "factor": 2.0}, 1024),
+    ({"rope_type": "dynamic", "factor": 4.0}, 2048),
+    # YaRN's max_position_embeddings is scaled already: vLLM does not apply its factor again
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}, 512)])
+def test_the_context_is_vllms_own_rope_scaling_included(tmp_path, tiny_model, rope, context):
+    """The preflight's context of a model against vLLM's ModelConfig on the same folder; a
+    scaled one takes a prompt and response the plain one refuses."""
+    from transformers import AutoConfig
+    from vllm.config import ModelConfig
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["rope_parameters"] = {**config["rope_parameters"], **(rope or {})}
+    (folder / "config.json").write_text(json.dumps(config))
+    derived = preflight.model_context(AutoConfig.from_pretrained(folder))
+    assert derived[0] == ModelConfig(model=str(folder)).max_model_len == context
+    cfg = rlep.parse_config(["--preset", "tiny", "--max_prompt_len", "400", "--max_response_len",
+                             "200"])
+    if context < 600:
+        with pytest.raises(UserError, match=f"600 tokens: over the model's context, {context}"):
+            preflight.check_context(cfg, AutoConfig.from_pretrained(folder))
+    else:
+        preflight.check_context(cfg, AutoConfig.from_pretrained(folder))

@@ -5,6 +5,7 @@ leftovers of a stopped save or prune removed, rank 0's view of the run folder ta
 rank, the phase-one policy freed before phase two builds its own.
 Run: python -m pytest -q tests/test_checkpoints.py"""
 import contextlib
+import errno
 import os
 import pickle
 import weakref
@@ -15,7 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
-from machinery import (UserError, checkpoints, data, disk, files, preflight, ranks,
+from machinery import (RunStopped, UserError, checkpoints, data, disk, files, preflight, ranks,
                        vllm_engine)
 import rlep
 
@@ -155,6 +156,29 @@ def test_a_refused_start_leaves_no_run_behind(tmp_path, tiny_model, monkeypatch)
         with pytest.raises(UserError, match="free"):
             rlep.main(command)
     assert not out.exists()
+
+
+def test_a_full_disk_in_a_save_stops_in_one_line_and_keeps_the_last_checkpoint(
+        tmp_path, tiny_model, monkeypatch):
+    """The disk fills as step 4's trainer state is written: the run stops (RunStopped, one line
+    naming the folder and the space a checkpoint needs); no .tmp is left, step 2 stays whole."""
+    cfg = rlep.parse_config(["--preset", "tiny"])
+    d = ranks.Dist(False, 0, 1, torch.device("cpu"), True)
+    policy, optimizer = rlep.build_policy(tiny_model, cfg, d)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    part = str(tmp_path / "phase1")
+    checkpoints.save(part, 2, policy, optimizer, tokenizer, cfg, d)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(RunStopped) as stopped:
+        checkpoints.save(part, 4, policy, optimizer, tokenizer, cfg, d)
+    line = str(stopped.value)
+    assert line.startswith(f"{part}: the disk filled during step 4's save: a checkpoint needs "
+                           "about 0.0 GB") and "then --resume" in line and "\n" not in line
+    assert sorted(os.listdir(part)) == ["step_000002"]
+    assert checkpoints.damage(checkpoints.checkpoint_path(part, 2)) == ""
 
 
 def test_the_checkpoint_estimate_covers_a_real_one(tmp_path, tiny_model):

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoConfig, Qwen2ForCausalLM
 
-from machinery import UserError, ranks, report
+from machinery import UserError, checkpoints, ranks, report
 import eval
 import rlep
 import verify
@@ -236,6 +236,15 @@ def bad(tiny_model, tmp_path_factory):
     shutil.copytree(tiny_model, folder / "no_template")
     os.remove(folder / "no_template" / "chat_template.jinja")
     (folder / "empty_run").mkdir()
+    # a checkpoint whose record names a file that is gone
+    step = folder / "damaged_run" / "phase1" / "step_000002"
+    shutil.copytree(tiny_model, step)
+    checkpoints.write_record(str(step), 2)
+    os.remove(step / "generation_config.json")
+    shutil.copytree(tiny_model, folder / "unknown_type")
+    config = json.loads((folder / "unknown_type" / "config.json").read_text())
+    (folder / "unknown_type" / "config.json").write_text(json.dumps({**config,
+                                                                      "model_type": "nope"}))
     return folder
 
 
@@ -265,6 +274,15 @@ bad_inputs = [
     ("bad JSON", ["--data", f"{B}/broken.jsonl"], "broken.jsonl: row 2: not valid JSON"),
     ("--out_dir not writable", ["--out_dir", "/proc/eval-out"],
      "--out_dir /proc/eval-out: cannot write in /proc"),
+    # rlep.py's preflight, on eval.py's models, data and numbers
+    ("--k over vLLM's bound", ["--k", "20000"], "--k 20000: must be at most 16384"),
+    ("--temperature inf", ["--temperature", "inf"], "--temperature inf: must be at most 2"),
+    ("--prompt_template another field", ["--prompt_template", "{question}"],
+     "names {question}; a template names {problem}"),
+    ("--model of an unknown type", ["--model", f"{B}/unknown_type"],
+     "unknown_type: its config.json: "),
+    ("a damaged checkpoint", ["--run_dir", f"{B}/damaged_run"],
+     "damaged_run/phase1/step_000002: damaged, generation_config.json is missing"),
 ]
 
 
@@ -285,6 +303,32 @@ def test_bad_input_is_refused_in_one_line_before_anything_is_written(
         line = capsys.readouterr().err.strip()
     assert message.replace(B, str(bad)) in line and "\n" not in line
     assert not out.exists()
+
+
+def test_prompts_cut_by_the_budget_or_the_context_are_warned_about(tmp_path, tiny_model,
+                                                                   data_files, monkeypatch,
+                                                                   capsys):
+    """As rlep.py: one line counts the prompts --max_prompt_len cuts; one says how a context too
+    small for the budget (the tiny model's 512) was shared."""
+    class EngineReached(Exception):
+        pass
+
+    def stop(*args):
+        raise EngineReached
+    monkeypatch.setattr(rlep, "build_engine", stop)
+    for case, (flags, expected) in enumerate((
+            (["--max_prompt_len", "6", "--max_new_tokens", "16"],
+             "eval.py: warning: --max_prompt_len 6: 6 of 6 sums "
+             "prompts are longer, cut from the left"),
+            (["--max_prompt_len", "1024", "--max_new_tokens", "3072"],
+             f"eval.py: warning: {tiny_model}: a context of 512 tokens: prompts get 256 "
+             "(--max_prompt_len 1024), responses 256 (--max_new_tokens 3072)"))):
+        with pytest.raises(EngineReached):
+            eval.main(["--model", tiny_model, "--data", data_files[0], "--k", "2",
+                       "--prompt_template", "{problem}", *flags,
+                       "--out_dir", str(tmp_path / f"eval{case}")])
+        warnings = [x for x in capsys.readouterr().err.splitlines() if "warning" in x]
+        assert len(warnings) == 1 and warnings[0].startswith(expected), warnings
 
 
 def test_python_eval_py_prints_one_line_and_exits_2(tmp_path, tiny_model, data_files):

@@ -12,7 +12,7 @@ import sys
 import pytest
 from transformers import AutoTokenizer
 
-from machinery import files, fsdp
+from machinery import UserError, files, fsdp
 import rlep
 from test_paper import StubEngine
 
@@ -70,6 +70,23 @@ def test_a_missing_wandb_is_one_line_before_anything_is_written(tmp_path, monkey
     assert stopped.value.code == 2
     assert "--wandb_project: wandb is not installed (pip install wandb)" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_wandb_that_cannot_start_is_refused_before_anything_is_written(tmp_path, tiny_model,
+                                                                      monkeypatch):
+    """Online without a key (none in the environment, none in this HOME): the preflight's
+    login fails, in one line, before config.json."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
+    out = tmp_path / "run"
+    with pytest.raises(UserError, match=r"^--wandb_project rlep-test: W&B cannot start \(No "
+                                        "API key"):
+        rlep.main(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
+                   os.path.dirname(tiny_model), "--wandb_project", "rlep-test"])
+    assert not out.exists()
 
 
 def test_the_offline_run_holds_the_numbers_of_metrics_jsonl(tmp_path, tiny_model, monkeypatch):
