@@ -20,6 +20,7 @@ from dataclasses import asdict
 
 from machinery import UserError
 from machinery.checkpoints import checkpoint_path, check_resume, damage, latest_checkpoint
+from machinery.data import load_pool
 from machinery.disk import check_disk, check_writable
 
 
@@ -447,6 +448,8 @@ def check_rows(cfg, inputs: tuple, tokenizer, prompt_text):
     collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
     if cfg.phase == "2" and not cfg.pool and not os.path.isfile(collected):
         raise UserError(f"--phase 2 needs --pool FILE, or the collection's {collected}")
+    if cfg.phase in ("all", "2") and not cfg.pool and os.path.isfile(collected):
+        load_pool(collected)  # phase two reads it: a file edited by hand is refused now
     check_prompts({"--train_file": train_rows, "--val_file": val_rows, "--pool": pool},
                   tokenizer, cfg.prompt_template, prompt_text)
     problems = {row["id"]: row["problem"] for row in train_rows}

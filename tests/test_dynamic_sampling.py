@@ -213,6 +213,7 @@ def test_a_checkpoint_without_its_round_resumes_at_its_step(tmp_path):
     folder = tmp_path / "step_000002"
     folder.mkdir()
     torch.save({"step": 2, "torch_rng": torch.get_rng_state()}, folder / "trainer_state.pt")
+    checkpoints.write_record(str(folder), 2)  # as a save ends: complete
     assert checkpoints.resume_point(str(tmp_path)) == (2, str(folder), 2)
     torch.save({"step": 2, "prompt_round": 5}, folder / "trainer_state.pt")
     assert checkpoints.resume_point(str(tmp_path)) == (2, str(folder), 5)
