@@ -27,7 +27,16 @@ training_path = ["rlep.py"] + sorted(os.path.relpath(path, root) for path in
 # miss (checks; data). Raised to 20,700: one process writes a run folder (a lock).
 # Raised to 21,000: the support split into a package of modules, one idea each, and rlep.py's calls
 # naming the module they go to (imports and `module.` prefixes, +210).
-max_code_tokens = 21000
+# Held at 20,894 by the boundary's move (issue 55): log π at T, collate, N's group sizes, the choice
+# of groups and the pool's rule into rlep.py (+1,097 there), the package folded to 14 modules;
+# filelock, safetensors and parse_hf_uri replaced the lock, the header parser and the hf://
+# regular expression (-230), which the moved code's imports and the hub commits' record took back.
+# Raised to 23,600: the preflight (issue 56, +2,588): every number finite and within vLLM's bounds,
+# the template's fields, the model's config, weights' shapes, chat template, end token and
+# vocabulary, vLLM's context rule, the rows' schema, the pool against the verifier and the
+# training rows, the folders, W&B's login; checkpoints' records and their check; the stop of a
+# diverged run and of a full disk, each in one line.
+max_code_tokens = 23600
 
 
 def read_lines(name):
