@@ -584,6 +584,20 @@ def build_policy(path: str, cfg: Config, d: ranks.Dist):
     return policy, optimizer
 
 
+def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
+                      seed: int) -> list[np.ndarray]:
+    """An epoch's mini-batches as runs of consecutive positions of the step's prompts, whose
+    order step_prompts already shuffled, whole groups, replays included (RLEP's 9 runs of 56 or
+    57 of 512). The runs do not depend on W (the update is the same on any number of ranks);
+    later epochs take them in another seeded order."""
+    positions = np.arange(num_prompts)
+    runs = np.array_split(positions, num_updates)
+    if epoch == 0:
+        return runs
+    order = np.random.default_rng(seed).permutation(num_updates)
+    return [runs[i] for i in order]
+
+
 def keep_old_logprobs(micro: dict, old_logprobs: torch.Tensor):
     """A micro-batch's (S, L) log π_θold, the policy at the step's start: the loss reads the
     micro-batch's; later epochs (collate) and the step's metrics each sample's row."""
@@ -611,12 +625,13 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
     num_updates = max(1, round(total_samples / sequences_per_update))
     split = planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
     # rows, not groups, are dealt to the ranks (by tokens): this rank's, one exchange a step
-    rows = planner.step_rows(my_groups, sizes, num_updates, split, d)
+    rows = planner.step_rows(my_groups, sizes, plan_mini_batches(len(sizes), num_updates, 0, 0),
+                             split, d)
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
         # a mini-batch: a run of the step's shuffled prompts, whole groups, replays included; later
         # epochs take the runs in another order
-        runs = planner.plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))
+        runs = plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))
         # N: each mini-batch's response tokens on all ranks
         num_tokens = [sum(sizes[p].response_tokens for p in run) for run in runs]
         # this rank's micro-batches of each, as many as every other rank's (FSDP2's lockstep)

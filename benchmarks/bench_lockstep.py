@@ -1,5 +1,5 @@
 """How busy FSDP2's lockstep leaves the ranks: the trainer's own planner
-(planner.plan_mini_batches, planner.plan_micro_batches) on the paper preset's step, no
+(rlep.plan_mini_batches, planner.plan_micro_batches) on the paper preset's step, no
 model. Every rank runs as many passes a mini-batch as the busiest needs; a rank holding fewer
 rows runs idle ones. Response lengths follow a wide distribution (a normal of mean 1,500 and sd
 800 tokens cut to [200, 3,072]; prompts 100-400 tokens); in phase two 15 % of the prompts hold a
@@ -95,7 +95,7 @@ def before(positions, sizes, world_size, split):
     return [packed_alone(positions, sizes, r, world_size, split) for r in range(world_size)]
 
 
-def simulate(cfg, world_size, phase, trials, seed, plan_runs=planner.plan_mini_batches,
+def simulate(cfg, world_size, phase, trials, seed, plan_runs=rlep.plan_mini_batches,
              splitter=planner.plan_micro_batches):
     busiest_sum = mean_sum = idle = empty = passes = padding = computed = 0.0
     heaviest_sum = mean_tokens_sum = 0.0
@@ -151,7 +151,7 @@ def main():
     if args.micro_batch_tokens is not None:
         flags += ["--micro_batch_tokens", str(args.micro_batch_tokens)]
     cfg = rlep.parse_config(flags)
-    mini_batches = random_draws if args.random_draws else planner.plan_mini_batches
+    mini_batches = random_draws if args.random_draws else rlep.plan_mini_batches
     splitter = planner.plan_micro_batches
     if args.whole_groups or args.before:
         splitter = before if args.before else whole_groups

@@ -1,5 +1,5 @@
 """The update's plan: which rows each rank trains in each pass. A mini-batch is a run of the
-step's shuffled prompts (plan_mini_batches); its rows are cut into micro-batches that fit in
+step's shuffled prompts (rlep.plan_mini_batches); its rows are cut into micro-batches that fit in
 memory and dealt to the ranks so that every rank runs as many passes (FSDP2's lockstep), a rank
 with fewer rows running idle ones of exactly zero gradient; one exchange a step sends each rank
 the rows planned for it that another rank generated. Memory and balance, not math: a row carries
@@ -25,20 +25,6 @@ class Split(NamedTuple):
     max_rows: int  # rows a micro-batch holds when max_tokens is 0
     max_tokens: int  # padded tokens a micro-batch holds, longest rows first; 0: by rows
     share_prompts: bool  # a row holds a prompt once, then its responses (collate)
-
-
-def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
-                      seed: int) -> list[np.ndarray]:
-    """An epoch's mini-batches as runs of consecutive positions of the step's prompts, whose
-    order step_prompts already shuffled (RLEP's 9 runs of 56 or 57 of 512). The runs do not
-    depend on W (the update is the same on any number of ranks); later epochs take them in
-    another seeded order."""
-    positions = np.arange(num_prompts)
-    runs = np.array_split(positions, num_updates)
-    if epoch == 0:
-        return runs
-    order = np.random.default_rng(seed).permutation(num_updates)
-    return [runs[i] for i in order]
 
 
 def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
@@ -110,12 +96,12 @@ def plan_micro_batches(positions, sizes: dict, world_size: int,
     return [micro_batches[rank::world_size] for rank in range(world_size)]
 
 
-def step_rows(my_groups: dict, sizes: dict, num_updates: int, split: Split, d: Dist) -> dict:
+def step_rows(my_groups: dict, sizes: dict, runs: list, split: Split, d: Dist) -> dict:
     """The rows this rank trains in the step, {(position, sample): sample}: those of its groups
     planned here, and those the other ranks send (one exchange a step: every epoch's mini-batches
-    are the same runs, and π_θold stays with its row)."""
+    are the same runs, the first epoch's `runs` of positions, and π_θold stays with its row)."""
     outgoing = [[] for _ in range(d.world_size)]
-    for positions in plan_mini_batches(len(sizes), num_updates, 0, 0):
+    for positions in runs:
         plan = plan_micro_batches(positions, sizes, d.world_size, split)
         for rank, micro_batches in enumerate(plan):
             outgoing[rank] += [((p, i), my_groups[p][i]) for micro in micro_batches

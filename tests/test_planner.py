@@ -21,7 +21,7 @@ def prompts_per_rank(positions, world_size):
 @pytest.mark.parametrize("world_size", [1, 2, 8, 16, 64])
 def test_every_rank_holds_the_same_prompts_in_each_mini_batch(world_size):
     # the paper's step: 512 prompts, mini-batches of 64 -> 8 updates
-    runs = planner.plan_mini_batches(512, 8, epoch=0, seed=3)
+    runs = rlep.plan_mini_batches(512, 8, epoch=0, seed=3)
     assert len(runs) == 8
     for positions in runs:
         assert prompts_per_rank(positions, world_size) == [64 // world_size] * world_size
@@ -30,7 +30,7 @@ def test_every_rank_holds_the_same_prompts_in_each_mini_batch(world_size):
 @pytest.mark.parametrize("world_size", [8, 16, 64])
 def test_nine_updates_split_the_prompts_as_evenly_as_possible(world_size):
     # RLEP: 512 x 18 sequences make 9 updates; 9 does not divide 512
-    for positions in planner.plan_mini_batches(512, 9, epoch=0, seed=3):
+    for positions in rlep.plan_mini_batches(512, 9, epoch=0, seed=3):
         counts = prompts_per_rank(positions, world_size)
         assert max(counts) - min(counts) <= 1
         assert len(positions) in (56, 57)
@@ -38,16 +38,16 @@ def test_nine_updates_split_the_prompts_as_evenly_as_possible(world_size):
 
 @pytest.mark.parametrize("epoch", [0, 1, 2])
 def test_an_epoch_covers_every_prompt_once(epoch):
-    runs = planner.plan_mini_batches(40, 6, epoch=epoch, seed=11)
+    runs = rlep.plan_mini_batches(40, 6, epoch=epoch, seed=11)
     covered = np.concatenate(runs)
     assert sorted(covered.tolist()) == list(range(40))
 
 
 def test_later_epochs_take_the_same_balanced_runs_in_another_order():
-    first = [tuple(r.tolist()) for r in planner.plan_mini_batches(64, 8, epoch=0, seed=5)]
+    first = [tuple(r.tolist()) for r in rlep.plan_mini_batches(64, 8, epoch=0, seed=5)]
     orders = set()
     for seed in range(6):
-        later = [tuple(r.tolist()) for r in planner.plan_mini_batches(64, 8, epoch=1, seed=seed)]
+        later = [tuple(r.tolist()) for r in rlep.plan_mini_batches(64, 8, epoch=1, seed=seed)]
         assert sorted(later) == sorted(first)
         orders.add(tuple(later))
     # seeded: not always the first epoch's order
@@ -146,7 +146,7 @@ def dealt(sizes, world_size):
 def test_any_rank_plans_the_same_micro_batches_for_every_rank():
     cfg, sizes = paper_sizes(64, seed=1)
     sizes = dealt(sizes, 8)
-    positions = planner.plan_mini_batches(64, 1, epoch=0, seed=0)[0]
+    positions = rlep.plan_mini_batches(64, 1, epoch=0, seed=0)[0]
     plan = planner.plan_micro_batches(positions, sizes, 8, split_of(cfg))
     held = sorted(pair for micro_batches in plan for micro in micro_batches for pair in micro)
     assert held == sorted((p, i) for p in range(64) for i in range(cfg.n))
@@ -165,7 +165,7 @@ def test_every_rank_runs_the_same_passes_balanced_and_none_idles(world_size,
     sizes = dealt(sizes, world_size)
     cfg.micro_batch_tokens = micro_batch_tokens
     # RLEP's 9 runs of 56 or 57 prompts (the first 3): at W = 64 fewer prompts than ranks
-    for positions in planner.plan_mini_batches(512, 9, epoch=0, seed=0)[:3]:
+    for positions in rlep.plan_mini_batches(512, 9, epoch=0, seed=0)[:3]:
         plan = planner.plan_micro_batches(positions, sizes, world_size, split_of(cfg))
         lengths = [n for p in positions for n in sizes[p].row_lengths]
         fewest = len(planner.split_micro_batches(lengths, 0, cfg.micro_batch_size,
@@ -191,7 +191,7 @@ def test_shared_prompts_keep_each_group_where_it_was_generated():
     # held where generated, not by position (dynamic sampling keeps groups of any rank)
     sizes = {p: g._replace(rank=p // 2 % 8) for p, g in sizes.items()}
     split = planner.Split(cfg.micro_batch_size, 0, share_prompts=True)
-    for positions in planner.plan_mini_batches(64, 3, epoch=0, seed=0):
+    for positions in rlep.plan_mini_batches(64, 3, epoch=0, seed=0):
         plan = planner.plan_micro_batches(positions, sizes, 8, split)
         for rank, micro_batches in enumerate(plan):
             held = sorted(pair for micro in micro_batches for pair in micro)

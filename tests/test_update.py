@@ -133,7 +133,7 @@ def micro_batch_counts(cfg, groups, owners):
     split = planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
     return [[len(micro_batches) for micro_batches in
              planner.plan_micro_batches(positions, sizes, world, split)]
-            for positions in planner.plan_mini_batches(len(groups), num_updates, 0, 0)]
+            for positions in rlep.plan_mini_batches(len(groups), num_updates, 0, 0)]
 
 
 def test_a_rank_with_fewer_micro_batches_than_the_passes_adds_nothing_to_the_update(

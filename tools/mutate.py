@@ -295,12 +295,12 @@ mutations = [
      "model = fsdp.load_model(path, d, cfg.gradient_checkpointing)",
      "model = fsdp.load_model(path, d, False)", [checkpointing]),
     ("later epochs in the first one's order", "rlep.py",
-     "planner.plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))",
-     "planner.plan_mini_batches(len(sizes), num_updates, 0, seed_for(seed, epoch))",
+     "runs = plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))",
+     "runs = plan_mini_batches(len(sizes), num_updates, 0, seed_for(seed, epoch))",
      [epoch_orders]),
     ("every later epoch in one order", "rlep.py",
-     "planner.plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))",
-     "planner.plan_mini_batches(len(sizes), num_updates, epoch, seed)", [epoch_orders]),
+     "runs = plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))",
+     "runs = plan_mini_batches(len(sizes), num_updates, epoch, seed)", [epoch_orders]),
     ("a push keeps the prompt blocks cached under the old weights", "machinery/vllm_engine.py",
      "        self.llm.reset_prefix_cache()", "        pass",
      [sync + "test_a_push_drops_the_prompt_blocks_cached_under_the_old_weights"]),
@@ -405,9 +405,9 @@ mutations = [
 # Edits a search tried that no test can kill, because none changes what a run computes (why, for
 # each); `--equivalent` runs them, and each is expected to survive its tests.
 equivalent = [
-    ("step_rows plans epoch 1's order", "machinery/planner.py",
-     "for positions in plan_mini_batches(len(sizes), num_updates, 0, 0):",
-     "for positions in plan_mini_batches(len(sizes), num_updates, 1, 0):",
+    ("step_rows plans epoch 1's order", "rlep.py",
+     "plan_mini_batches(len(sizes), num_updates, 0, 0),",
+     "plan_mini_batches(len(sizes), num_updates, 1, 0),",
      [planner, "tests/test_update.py"],
      "the same runs in another order: every rank sends and receives the same rows, in another "
      "order of a dict that nothing reads in order"),

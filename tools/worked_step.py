@@ -52,7 +52,7 @@ shown_step = 2
 rlep_names = {
     "groups": "make_groups", "group": "build_group", "penalty": "overlong_penalty",
     "advantages": "group_advantages", "replays": "draw_replays",
-    "plan": "planner.plan_mini_batches",
+    "plan": "plan_mini_batches",
     "mini_batch": "planner.micro_batches", "collate": "collate",
     "old_logprobs": "keep_old_logprobs", "loss": "policy_loss", "update": "ppo_update",
     "logprobs": "TokenLogProbs",
