@@ -34,6 +34,9 @@ Deviations from the paper (and its verl code):
    ~100 times.
 7. Mini-batches are runs of the step's shuffled prompts, whole groups, their rows dealt to the
    ranks by tokens; verl's are ranges of a token-balanced order.
+8. A pool given with --pool replays only the answers the run's rule verifies; the authors' code
+   replays every candidate, re-scored.
+9. An update no longer finite stops the run before a push or save; verl skips it and goes on.
 Controls the paper lacks, tagged `# control:`, off by default (docs/studies.md):
 `--phase1_prompts pool`, `--phase2_prompts all`, `--replay_loss nll`, `--equal_updates`,
 `--dynamic_sampling` (DAPO's, as verl's filter_groups: at --max_gen_rounds, where verl stops the
