@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from machinery import UserError, checkpoints, data, ranks, vllm_engine
+from machinery import RunStopped, checkpoints, data, ranks, vllm_engine
 import rlep
 
 
@@ -97,7 +97,7 @@ def collect_until_push(rank, out_dir, model_path):
         try:
             rlep.collect(cfg, rows, EngineStandIn(), tokenizer, tokenizer.eos_token_id, d)
             outcomes.append("returned")
-        except (Reached, UserError) as e:
+        except (Reached, RunStopped) as e:
             outcomes.append(f"{type(e).__name__} {e}")
     return outcomes
 
@@ -107,7 +107,9 @@ def test_the_collection_starts_or_is_refused_as_rank_0_sees_the_checkpoint(
     out_dir = str(tmp_path / "run")
     ranks = run_on_two_ranks(collect_until_push, (out_dir, tiny_model), tmp_path, free_port)
     ckpt = checkpoints.checkpoint_path(os.path.join(out_dir, "phase1"), 4)
-    refused = f"UserError {ckpt}: phase one has no checkpoint at --collect_step 4"
+    # the preflight refuses this before config.json; on a filesystem the ranks see apart, the
+    # collection's own guard stops both alike
+    refused = f"RunStopped {ckpt}: phase one has no checkpoint at --collect_step 4"
     assert ranks[0] == ranks[1] == {"returned": [refused, "Reached "]}
 
 

@@ -82,10 +82,14 @@ def test_wandb_that_cannot_start_is_refused_before_anything_is_written(tmp_path,
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
     out = tmp_path / "run"
-    with pytest.raises(UserError, match=r"^--wandb_project rlep-test: W&B cannot start \(No "
-                                        "API key"):
-        rlep.main(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
-                   os.path.dirname(tiny_model), "--wandb_project", "rlep-test"])
+    try:
+        with pytest.raises(UserError, match=r"^--wandb_project rlep-test: W&B cannot start \(No "
+                                            "API key"):
+            rlep.main(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
+                       os.path.dirname(tiny_model), "--wandb_project", "rlep-test"])
+    finally:
+        import wandb
+        wandb.teardown()  # its settings (online) stay in the process otherwise
     assert not out.exists()
 
 
