@@ -1,6 +1,7 @@
 """The disk a command needs, before it writes: the peak of its checkpoints (written whole
 beside the others, then the older ones pruned), metrics, samples and pool, against the free
 space of the output folder's disk."""
+import functools
 import os
 import shutil
 import tempfile
@@ -31,6 +32,16 @@ def held_checkpoints(out_dir: str) -> dict:
     return held
 
 
+@functools.lru_cache(maxsize=2)
+def meta_model(model_path: str):
+    """The model a folder's config.json describes, on the meta device: its shapes, no memory;
+    built once a process (a second for 7B: the preflight's shape check and the disk's size share
+    it)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+
+
 class CheckpointSize(NamedTuple):
     whole: int  # bytes: weights, AdamW's state, tokenizer, trainer state
     weights: int  # without AdamW's state (the collection's step, once pruned)
@@ -41,10 +52,7 @@ def checkpoint_size(model_path: str, ranks: int = 1) -> CheckpointSize:
     two moments (8), a tensor's records (1 KiB in safetensors' header, 8 KiB a rank in DCP's
     files), the model folder's other files (tokenizer, config), 16 KiB of trainer state. The tiny
     model: 1,662,188 B; 1,576,574 B measured. The model is built on the meta device."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
-    tensors = list(model.parameters())  # tied ones once, as a checkpoint saves them
+    tensors = list(meta_model(model_path).parameters())  # tied ones once, as a checkpoint saves
     params = sum(p.numel() for p in tensors)
     names = os.listdir(model_path) if os.path.isdir(model_path) else []
     files = [os.path.join(model_path, name) for name in names

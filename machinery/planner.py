@@ -7,7 +7,6 @@ its advantage, and the loss's N is the mini-batch's."""
 from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from machinery.ranks import Dist, exchange

@@ -21,7 +21,7 @@ from dataclasses import asdict
 from machinery import UserError
 from machinery.checkpoints import checkpoint_path, check_resume, damage, latest_checkpoint
 from machinery.data import load_pool
-from machinery.disk import check_disk, check_writable
+from machinery.disk import check_disk, check_writable, meta_model
 
 
 def dataclass_flags(cls):
@@ -237,7 +237,7 @@ def first_line(error: BaseException) -> str:
 def check_weights(folder: str, flag: str, config=None):
     """The folder's weights are there, whole and of the config's shapes: safetensors reads each
     shard's header and checks that its tensors end where the file does, and each tensor's shape
-    is compared to the model config.json builds on the meta device (no memory; a second for 7B).
+    is compared to the model config.json builds on the meta device (disk.meta_model).
     Without safetensors or pytorch_model*.bin files vLLM would load any .pt file as weights (a
     checkpoint's trainer_state.pt); a file cut short by a copy would fail deep in its loader."""
     from safetensors import SafetensorError, safe_open
@@ -268,7 +268,7 @@ def check_weights(folder: str, flag: str, config=None):
                             f"safetensors: {e})") from None
     if config is None or not shapes:
         return
-    expected = meta_model(config).state_dict()
+    expected = meta_model(folder).state_dict()
     shared = [key for key in shapes if key in expected]
     if not shared:
         raise UserError(f"{flag} {folder}: none of its weights' names is one of the "
@@ -278,14 +278,6 @@ def check_weights(folder: str, flag: str, config=None):
             raise UserError(f"{flag} {folder}: {key} is {list(shapes[key])} in the weights, "
                             f"{list(expected[key].shape)} by its config.json (hidden_size, "
                             "vocab_size, the layers' sizes: a config of another model?)")
-
-
-def meta_model(config):
-    """The model a config describes, on the meta device: its shapes, no memory."""
-    import torch
-    from transformers import AutoModelForCausalLM
-    with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
 
 
 def check_tokenizer(tokenizer, path: str, flag: str = "--model_path"):
