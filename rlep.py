@@ -1034,11 +1034,19 @@ def main(argv=None):
         if cfg.phase in ("all", "2"):
             phase_two(cfg, given_pool, train_rows, engine, tokenizer, end_id, model_path, d,
                       val_rows)  # RLEP
-    finally:
-        # vLLM's groups, torchrun's too (else at exit, below); a stop says where it stopped first
-        # (vLLM's exit handler shuts down)
-        if not interrupts.stop["why"]:
+    except BaseException as error:
+        # After an error, no wake (it would ask for the memory again and hide the error). A rank's
+        # own failure under torchrun, no shutdown either: it tears down the process group, which
+        # can wait for ranks stuck in a collective; the rank ends at once (__main__:
+        # ranks.end_on_failure). A stop says where it stopped first (vLLM's exit handler shuts
+        # down).
+        failed = d.distributed and not isinstance(error, (UserError, KeyboardInterrupt))
+        if not (failed or interrupts.stop["why"]):
             engine.shutdown()
+        raise
+    # vLLM's groups, torchrun's too (else at exit, below); awake: vLLM frees the weights and KV
+    # cache, and freeing what a sleep unmapped prints CUDA errors
+    engine.shutdown(wake=True)
 
     total = time.perf_counter() - started
     spent = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
@@ -1058,6 +1066,10 @@ if __name__ == "__main__":
         print(f"rlep.py: {e}", file=sys.stderr)
         sys.exit(2)
     except (KeyboardInterrupt, Exception) as e:
+        if isinstance(e, Exception):
+            # under torchrun: its traceback, a line naming the rank, the rank's end at once
+            # (torchrun then ends the others); a plain process goes on
+            ranks.end_on_failure(e)
         # a stop's line and exit; other errors go on
         interrupts.end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
     finally:

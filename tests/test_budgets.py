@@ -26,8 +26,10 @@ training_path = ["rlep.py"] + sorted(os.path.relpath(path, root) for path in
 # that differ under one id, and warnings for cut prompts and for a pool the training prompts
 # miss (checks; data). Raised to 20,700: one process writes a run folder (a lock).
 # Raised to 21,000: the support split into a package of modules, one idea each, and rlep.py's calls
-# naming the module they go to (imports and `module.` prefixes, +210).
-max_code_tokens = 21000
+# naming the module they go to (imports and `module.` prefixes, +210). Raised to 21,150: a wake
+# before a normal end's shutdown, a rank's failure ending the job at once (ranks.end_on_failure),
+# and the first steps' ends and capped share (+216).
+max_code_tokens = 21150
 
 
 def read_lines(name):

@@ -404,7 +404,7 @@ class StubEngine:
     def sleep(self):
         pass
 
-    def shutdown(self):
+    def shutdown(self, wake=False):
         pass
 
     def push(self, model=None, path=None):
