@@ -28,8 +28,10 @@ training_path = ["rlep.py"] + sorted(os.path.relpath(path, root) for path in
 # Raised to 21,000: the support split into a package of modules, one idea each, and rlep.py's calls
 # naming the module they go to (imports and `module.` prefixes, +210). Raised to 21,150: a wake
 # before a normal end's shutdown, a rank's failure ending the job at once (ranks.end_on_failure),
-# and the first steps' ends and capped share (+216).
-max_code_tokens = 21150
+# and the first steps' ends and capped share (+216). Raised to 21,400: the gpu preset (one GPU),
+# --train_prompts (the fixed subset of D it trains on) and the collection's chunks in sequences a
+# rank (--collect_chunk) (+225).
+max_code_tokens = 21400
 
 
 def read_lines(name):
