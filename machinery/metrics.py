@@ -75,12 +75,25 @@ def step_record(ranks: list[dict]) -> dict:
             "visits": visits}
 
 
+# a part's first steps' lines also say what ended the fresh responses and the share cut at L_max
+# (docs/gpu.md: the first ten minutes of a run)
+first_steps = 3
+
+
 def log_step(part: str, step: int, steps: int, record: dict):
     keys = ("reward_mean", "acc_fresh", "response_len", "replay_frac", "rescued", "clip_frac",
             "ratio_max", "grad_norm", "logprob_gap_max", "val_acc", "t_generation", "t_training")
     shown = [f"{k} {record[k]:.3g}" for k in keys if k in record]
     if record.get("gen_capped"):  # --max_gen_rounds: dropped groups fill the step
         shown.append(f"capped: {record['kept_groups']} groups mixed")
+    ends = record.get("ends")
+    if step <= first_steps and ends:
+        # "ends <|endoftext|> 0.6 | capped at L_max 0.4": a base model that writes on past
+        # <|im_end|> reaches the cap (responses end at EOS alone, as the authors')
+        tokens = sorted(((share, token) for token, share in ends.items() if token != "length"),
+                        reverse=True)
+        shown.append("ends " + (", ".join(f"{t} {share:.2g}" for share, t in tokens) or "none"))
+        shown.append(f"capped at L_max {ends.get('length', 0):.2g}")
     print(f"{part} step {step}/{steps} | " + " | ".join(shown), flush=True)
 
 

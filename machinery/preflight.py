@@ -51,7 +51,7 @@ number_ranges = {
             "save_every timeout_minutes max_gen_rounds",
     ">= 0": "overlong_buffer overlong_factor lr weight_decay warmup_steps clip_low clip_high "
             "micro_batch_tokens replay_m replay_coef val_every seed keep_checkpoints "
-            "log_samples",
+            "log_samples train_prompts collect_chunk",
     # T divides the logits; a nucleus of 0 holds no token
     "> 0": "temperature top_p grad_clip collect_temperature collect_top_p "
            "gpu_memory_utilization",
@@ -147,7 +147,7 @@ def check_template(template: str, flag: str = "--prompt_template"):
 # dtype "auto" takes the run's measured dtype.
 free_on_resume = {"out_dir", "phase", "resume", "override", "keep_checkpoints", "log_samples",
                   "progress", "timeout_minutes", "cache_dir", "preset", "micro_batch_size",
-                  "micro_batch_tokens", "share_prompts", "gradient_checkpointing",
+                  "micro_batch_tokens", "share_prompts", "gradient_checkpointing", "collect_chunk",
                   "gpu_memory_utilization", "wandb_project"}
 
 

@@ -2,7 +2,8 @@
 the same names (one rank). Rank 0 decides what every rank must agree on (rank0_decides: one
 broadcast of its answer, or of the error it raised); the ranks gather small lists (a step's sizes
 and counts), bring results to rank 0, which alone writes files, and exchange training rows (one
-all-to-all a step: each rank receives the rows planned for it).
+all-to-all a step: each rank receives the rows planned for it). A rank's unexpected error ends
+the job at once (end_on_failure).
 
 Object collectives cost what they carry: `rank0_decides` broadcasts rank 0's answer once
 (torch's all_gather_object would pad every rank's copy to the largest and hand each rank all W of
@@ -11,6 +12,8 @@ import datetime
 import io
 import os
 import pickle
+import sys
+import traceback
 from typing import NamedTuple
 
 import torch
@@ -45,6 +48,21 @@ def setup_distributed(timeout_minutes: int = 180) -> Dist:
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timeout)
     return Dist(True, rank, world_size, device, rank == 0)
+
+
+def end_on_failure(error: Exception):
+    """A rank's unexpected error under torchrun: its traceback and one line naming the rank, then
+    the process ends at once, before any teardown. vLLM's shutdown and destroy_process_group can
+    wait on ranks stuck in a collective (NCCL's abort: pytorch#132696), and while this rank lives
+    torchrun leaves the others waiting in their collective for up to --timeout_minutes; its exit
+    makes torchrun end them. A plain process: nothing (the error goes on)."""
+    if "RANK" not in os.environ:
+        return
+    traceback.print_exception(error)
+    message = (str(error).splitlines() or [""])[0]
+    print(f"rlep.py: rank {os.environ['RANK']} failed: {type(error).__name__}: {message}",
+          file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def gather_lists(items: list, d: Dist) -> list:

@@ -137,9 +137,15 @@ class Engine:
                                f"{', '.join(wrong[:4])}: a parameter the push missed (after "
                                "a level-2 sleep it holds garbage)")
 
-    def shutdown(self):
-        """Asleep or not: waking first would ask for the memory again, and after a trainer's
-        out-of-memory error it would fail and hide that error."""
+    def shutdown(self, wake: bool = False):
+        """wake: at a run's normal end, a sleeping engine is woken first: vLLM's shutdown frees
+        its weights and KV cache, and freeing memory a sleep unmapped prints "CUDA Error: invalid
+        argument". After an error it shuts down asleep: a wake would ask for the memory again,
+        and after a trainer's out-of-memory error it would fail and hide that error."""
+        if wake and self.llm.llm_engine.is_sleeping():
+            # the trainer's freed blocks back to the device first, as before a push
+            torch.cuda.empty_cache()
+            self.llm.wake_up()
         # vLLM's groups, then torchrun's too (both 0.32 and 0.33 call destroy_process_group): no
         # collective after this; main checks is_initialized
         self.llm.llm_engine.engine_core.shutdown()

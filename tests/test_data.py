@@ -109,6 +109,21 @@ def test_step_prompts_cover_each_epoch_once():
     assert rlep.step_prompts(10, 2, 7, seed=3) == rlep.step_prompts(10, 2, 7, seed=3)
 
 
+def test_train_prompts_is_a_fixed_subset_in_file_order_nested_and_the_same_for_any_order():
+    rows = [{"id": f"p{i}", "problem": f"{i} + 1", "answer": str(i + 1)} for i in range(50)]
+    assert rlep.training_prompts(rows, 0) is rows  # the paper's: all of D
+    ten = rlep.training_prompts(rows, 10)
+    assert len(ten) == 10 and ten == [row for row in rows if row in ten]  # in file order
+    # the same prompts whatever the file's order; a smaller subset inside a larger one
+    assert sorted(r["id"] for r in rlep.training_prompts(rows[::-1], 10)) == \
+        sorted(r["id"] for r in ten)
+    assert all(row in rlep.training_prompts(rows, 20) for row in ten)
+    assert ten != rows[:10]  # chosen by the ids' hash, not the first rows
+    assert rlep.training_prompts([], 10) == []  # phase two on a pool reads no training rows
+    with pytest.raises(UserError, match="--train_prompts 51: the training file holds 50"):
+        rlep.training_prompts(rows, 51)
+
+
 def test_config_presets_and_overrides():
     cfg = rlep.parse_config(["--preset", "paper"])
     assert ((cfg.prompts_per_step, cfg.n, cfg.replay_m, cfg.lr, cfg.clip_high)
@@ -128,7 +143,7 @@ def test_on_a_gpu_a_command_without_a_preset_is_refused_naming_the_gpu_presets(m
         rlep.parse_config(["--lr", "1e-6"])
     lines = capsys.readouterr().err.strip().splitlines()
     assert exit_code.value.code == 2 and len(lines) == 1
-    assert "--preset node" in lines[0] and "--preset paper" in lines[0]
+    assert all(f"--preset {name}" in lines[0] for name in ("gpu", "node", "paper"))
     # a preset chosen is taken, a CPU one too
     assert rlep.parse_config(["--preset", "tiny"]).preset == "tiny"
 
@@ -142,7 +157,7 @@ def test_every_flag_has_its_fields_help_and_its_choices_are_enforced(capsys):
                        "replay_loss": ["group", "nll"], "verify_mode": ["dapo", "equivalence"],
                        "phase": ["all", "1", "collect", "2"],
                        "dtype": ["auto", "float32", "bfloat16"],
-                       "preset": ["paper", "node", "tiny", "cpu", "cpu-hard"]}
+                       "preset": ["paper", "node", "gpu", "tiny", "cpu", "cpu-hard"]}
     assert set(choices["preset"]) == set(rlep.presets)
     for name, values in choices.items():
         assert getattr(rlep.Config, name) in values

@@ -117,3 +117,28 @@ def test_generate_while_asleep_raises_and_shutdown_does_not_wake(sleeping, tiny_
     assert sleeping.llm.calls[-2:] == ["wake weights", "shutdown (asleep: ['kv_cache'])"]
     # leave the engine sane
     sleeping.push(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["normal end", "trainer error"])
+def test_main_wakes_the_engine_before_shutdown_at_a_normal_end_and_not_after_an_error(
+        sleeping, tiny_model, tmp_path, monkeypatch, fails):
+    """A run that ends well wakes the engine, then shuts it down: vLLM's shutdown frees the
+    weights and KV cache, and freeing what a sleep unmapped prints CUDA errors. After a trainer's
+    error it shuts down asleep: a wake would ask for the memory again."""
+    monkeypatch.setattr(rlep, "build_engine", lambda *args: sleeping)
+    if fails:
+        def out_of_memory(*args, **kwargs):
+            raise torch.OutOfMemoryError("CUDA out of memory (a stand-in)")
+        monkeypatch.setattr(rlep, "ppo_update", out_of_memory)
+    argv = ["--preset", "tiny", "--model_path", tiny_model, "--out_dir", str(tmp_path / "run"),
+            "--phase", "1", "--phase1_steps", "1", "--val_every", "0", "--save_every", "1"]
+    if fails:
+        with pytest.raises(torch.OutOfMemoryError):
+            rlep.main(argv)
+    else:
+        rlep.main(argv)
+    calls = sleeping.llm.calls
+    last_sleep = len(calls) - 1 - calls[::-1].index("sleep 2")
+    after = ["shutdown (asleep: ['kv_cache', 'weights'])"] if fails else [
+        "wake all", "shutdown (asleep: [])"]
+    assert calls[last_sleep + 1:] == after

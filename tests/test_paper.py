@@ -404,7 +404,7 @@ class StubEngine:
     def sleep(self):
         pass
 
-    def shutdown(self):
+    def shutdown(self, wake=False):
         pass
 
     def push(self, model=None, path=None):
@@ -563,6 +563,25 @@ def fake_checkpoint(part_dir, step, model_path, shift):
     return folder
 
 
+@pytest.mark.parametrize("chunk, calls", [(0, [4, 2]), (48, [3, 3])])
+def test_the_collections_chunks_are_b_prompts_or_collect_chunk_sequences_a_rank(
+        tmp_path, tiny_model, tokenizer, chunk, calls):
+    """0 (the cpu and tiny presets): B prompts a generate call, as before; else W x
+    collect_chunk // K prompts (48 // 16 = 3 here), the paper, node and gpu presets' 4,096
+    sequences a rank: 2,048 prompts on the node's 8 GPUs, 256 on one."""
+    cfg = tiny("--out_dir", str(tmp_path), "--prompts_per_step", "4", "--collect_chunk",
+               str(chunk))
+    os.makedirs(checkpoints.checkpoint_path(str(tmp_path / "phase1"), cfg.collect_step))
+    engine = StubEngine(tokenizer)
+    rlep.collect(cfg, data.read_rows(cfg.train_file)[:6], engine, tokenizer,
+                 tokenizer.eos_token_id, single)
+    assert [len(call["prompts"]) for call in engine.calls] == calls
+    assert all(call["n"] == cfg.collect_k == 16 for call in engine.calls)
+    chunks = {name: rlep.parse_config(["--preset", name]).collect_chunk for name in rlep.presets}
+    assert chunks == {"paper": 4096, "node": 4096, "gpu": 4096, "tiny": 0, "cpu": 0,
+                      "cpu-hard": 0}
+
+
 def test_the_collection_samples_collect_steps_checkpoint_with_its_k_t_and_top_p(
         tmp_path, tiny_model, tokenizer):
     cfg = tiny("--out_dir", str(tmp_path), "--collect_step", "2", "--phase1_steps", "4",
@@ -667,6 +686,7 @@ paper_values = [
     ("model_path", "Qwen/Qwen2.5-Math-7B", "RLEP paper section 4: the base model"),
     ("train_file", "hf://datasets/BytedTsinghua-SIA/DAPO-Math-17k/data/dapo-math-17k.parquet",
      "RLEP paper section 4: DAPO-Math-17k (its file on the hub)"),
+    ("train_prompts", 0, "RLEP paper section 4: all of DAPO-Math-17k's prompts"),
     ("val_file", "hf://datasets/Kwai-Klear/RLEP_dataset/dapo_format_aime2024_aime2025_amc2023"
      ".parquet", "RLEP paper section 4: AIME-2024, AIME-2025, AMC-2023 (the authors' file)"),
     ("prompt_template", dapo_prompt, "DAPO-Math-17k's prompt, as the authors' data"),
@@ -713,7 +733,8 @@ paper_values = [
 not_the_papers = {"out_dir", "micro_batch_size", "micro_batch_tokens", "share_prompts",
                   "replay_coef", "phase", "resume", "override", "dtype", "gradient_checkpointing",
                   "gpu_memory_utilization", "timeout_minutes", "keep_checkpoints",
-                  "log_samples", "progress", "cache_dir", "preset", "wandb_project"}
+                  "log_samples", "progress", "cache_dir", "preset", "wandb_project",
+                  "collect_chunk"}
 
 
 @pytest.mark.parametrize("name, value, source", paper_values, ids=[v[0] for v in paper_values])
@@ -727,7 +748,8 @@ def test_every_config_field_is_the_papers_or_said_not_to_be():
     assert {f.name for f in fields(rlep.Config)} == set(named) | not_the_papers
 
 
-# The node preset (docs/gpu.md): the paper's rules and ratios on one node, smaller
+# The node and gpu presets (docs/gpu.md): the paper's rules and ratios on one node or one GPU,
+# smaller
 node_rules = ["train_file", "val_file", "prompt_template", "temperature", "top_p",
               "max_prompt_len", "max_response_len", "stop_token", "overlong_buffer",
               "overlong_factor", "lr", "weight_decay", "warmup_steps", "grad_clip", "epochs",
@@ -736,8 +758,9 @@ node_rules = ["train_file", "val_file", "prompt_template", "temperature", "top_p
               "dynamic_sampling", "equal_updates", "verify_mode", "seed", "save_every"]
 
 
-def test_the_node_preset_keeps_the_papers_rules_and_ratios():
-    paper, node = (rlep.parse_config(["--preset", name]) for name in ("paper", "node"))
+@pytest.mark.parametrize("preset", ["node", "gpu"])
+def test_the_node_preset_keeps_the_papers_rules_and_ratios(preset):
+    paper, node = (rlep.parse_config(["--preset", name]) for name in ("paper", preset))
     assert {name: getattr(node, name) for name in node_rules} == \
         {name: getattr(paper, name) for name in node_rules}
     # m : n = 1 : 8; 8 updates a step, 9 with replays (rlep.ppo_update's count)

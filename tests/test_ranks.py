@@ -5,9 +5,14 @@ or is refused, as rank 0 sees the folder; phase two's collected pool is read by 
 cross ranks as plain data: a tensor in one is refused. A weight push gathers shards already cast
 to the engine's dtype, the same bits as the full weights cast. Each test stops the run where its
 decision has been taken: an engine stand-in whose push raises, or train() replaced by a recorder
-(vLLM is not what these test). Run: python -m pytest -q tests/test_ranks.py"""
+(vLLM is not what these test). Under torchrun, a rank failing inside a push ends both ranks in
+seconds, with one line naming it. Run: python -m pytest -q tests/test_ranks.py"""
+import glob
 import json
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,7 +33,7 @@ class EngineStandIn:
     def sleep(self):
         pass
 
-    def shutdown(self):
+    def shutdown(self, wake=False):
         pass
 
     def push(self, model=None, path=None):
@@ -183,3 +188,68 @@ def test_a_push_gathers_shards_cast_to_the_engines_dtype(tmp_path, tiny_model, f
     names = len(AutoModelForCausalLM.from_pretrained(tiny_model).state_dict())
     assert ranks[0] == ranks[1] == {"returned": {"gathered": ["torch.bfloat16"],
                                                  "same bits": True, "names": names}}
+
+
+# rank 1's push fails after two of its gathers, while rank 0 waits in the third; then rank 1's
+# teardown never returns, as NCCL's abort can while a peer waits in a collective (pytorch#132696;
+# gloo's returns at once). A driver of the test's own: rlep.py reads no fault from anywhere.
+fail_in_push = """
+import os, runpy, sys, time
+import torch.distributed as dist
+sys.path.insert(0, {repo!r})
+from machinery import vllm_engine
+
+full_weights = vllm_engine.Engine.full_weights
+
+
+def failing(self, model, pushed):
+    for i, item in enumerate(full_weights(self, model, pushed)):
+        if os.environ["RANK"] == "1" and i == 2:
+            hang = lambda *args, **kwargs: time.sleep(3600)
+            vllm_engine.Engine.shutdown = dist.destroy_process_group = hang
+            raise RuntimeError("injected: the push failed")
+        yield item
+
+
+vllm_engine.Engine.full_weights = failing
+sys.argv[0] = os.path.join({repo!r}, "rlep.py")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def descendants(pid: int, children: dict = None) -> list[int]:
+    """The ids of a process's children, theirs, and so on (read from /proc)."""
+    if children is None:
+        children = {}
+        for stat in glob.glob("/proc/[0-9]*/stat"):
+            try:
+                parent = int(open(stat).read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # a process that ended meanwhile
+                continue
+            children.setdefault(parent, []).append(int(stat.split("/")[2]))
+    return [p for child in children.get(pid, []) for p in [child] + descendants(child, children)]
+
+
+def test_a_rank_failing_in_a_push_ends_every_rank_with_a_line_naming_it(tmp_path, tiny_model):
+    """torchrun, 2 gloo ranks: the failing rank prints its traceback and `rlep.py: rank 1 failed:
+    ...`, then ends before any teardown; torchrun then ends rank 0, which waited in a gather."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = tmp_path / "fail_in_push.py"
+    driver.write_text(fail_in_push.format(repo=repo))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", str(driver), "--preset", "tiny", "--model_path",
+               tiny_model, "--cache_dir", os.path.dirname(tiny_model), "--out_dir",
+               str(tmp_path / "run")]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    try:
+        _, err = process.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        # torchrun's workers lead sessions of their own: each is ended by its id
+        for pid in descendants(process.pid) + [process.pid]:
+            os.kill(pid, signal.SIGKILL)
+        _, err = process.communicate()
+        pytest.fail(f"the run outlived rank 1's failure by minutes:\n{err[-3000:]}")
+    failed = [line for line in err.splitlines() if "rlep.py: rank" in line]
+    assert process.returncode != 0 and failed, err[-3000:]
+    assert failed[0].endswith("rlep.py: rank 1 failed: RuntimeError: injected: the push failed")

@@ -5,6 +5,7 @@ Run: python -m pytest -q tests/test_rlep.py (about 5 minutes)"""
 import glob
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from machinery import checkpoints, data, ranks
+from machinery import checkpoints, data, metrics, ranks
 import rlep
 import verify
 
@@ -113,6 +114,19 @@ def test_checkpoints_are_pruned_to_the_newest_and_the_collections(tmp_path, cach
         newest = checkpoints.checkpoint_path(str(out / part), 4)
         assert os.path.isdir(os.path.join(newest, "optimizer"))
     assert data.load_pool(str(out / "collect" / "pool.jsonl"))
+
+
+def test_a_parts_first_steps_say_what_ended_the_responses_and_the_share_capped(full_run):
+    """`ends <|im_end|> 0.9 | capped at L_max 0.1` on steps 1 to 3 of each part, then not: a
+    base model that writes past its turn's end shows at the start (docs/gpu.md)."""
+    stdout = (full_run.parent / "stdout.txt").read_text()
+    lines = [line for line in stdout.splitlines()
+             if line.startswith(("phase1 step", "phase2 step"))]
+    assert len(lines) == 8
+    for line in lines:
+        step = int(line.split()[2].split("/")[0])
+        said = re.search(r"\| ends (<\|im_end\|> [\d.e-]+|none) \| capped at L_max [\d.e-]+", line)
+        assert bool(said) == (step <= metrics.first_steps), line
 
 
 def test_full_run_writes_config_checkpoints_and_metrics(full_run):
