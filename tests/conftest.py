@@ -8,6 +8,7 @@ copies it first. `pytest -m quick` runs the method's tests that start no vLLM en
 (the files and tests named in `quick`, below)."""
 import hashlib
 import os
+import shutil
 import sys
 
 # 2 shared cores: more threads only spin (docs/cpu.md: vLLM on a CPU)
@@ -21,11 +22,28 @@ sys.path.insert(0, repo)
 import pytest
 
 
+def made_once(tmp_path_factory, name, make):
+    """The folder `name`, made by make(folder) once a test session: under pytest-xdist by the
+    first worker to ask, in the workers' shared folder, while the others wait."""
+    from filelock import FileLock
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / name
+    with FileLock(str(base / f"{name}.lock")):
+        if not (base / f"{name}.made").exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            make(folder)
+            (base / f"{name}.made").touch()
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The tiny preset's model, built once per test session (5 s) into a temporary cache."""
-    from machinery import hub, ranks
-    cache = tmp_path_factory.mktemp("cache")
+    from machinery import hub
+    cache = made_once(tmp_path_factory, "cache", lambda f: hub.model_folder("builtin:tiny", str(f)))
     return hub.model_folder("builtin:tiny", str(cache))
 
 
@@ -34,9 +52,8 @@ def smollm2_cache(tmp_path_factory):
     """A cache holding the cpu preset's SmolLM2-135M-Instruct, made from the PyPI package's GGUF
     once per session (15 s)."""
     from machinery import hub
-    cache = tmp_path_factory.mktemp("smollm2_cache")
-    hub.model_folder("builtin:smollm2", str(cache))
-    return cache
+    return made_once(tmp_path_factory, "smollm2_cache",
+                     lambda f: hub.model_folder("builtin:smollm2", str(f)))
 
 
 engines = {}
@@ -87,11 +104,13 @@ def shared_run(tmp_path_factory, tiny_model, name, *flags, nproc=1):
     """A watched `rlep.py --preset tiny` run made once: its folder, its stdout beside it in
     stdout.txt; at the session's end its folder must be as it was made."""
     from test_rlep import run_rlep, watched_env
-    folder = tmp_path_factory.mktemp(name)
-    out = folder / "run"
-    result = run_rlep(out, os.path.dirname(tiny_model), *flags, nproc=nproc,
-                      env=watched_env(folder, out))
-    (folder / "stdout.txt").write_text(result.stdout)
+
+    def make(folder):
+        out = folder / "run"
+        result = run_rlep(out, os.path.dirname(tiny_model), *flags, nproc=nproc,
+                          env=watched_env(folder, out))
+        (folder / "stdout.txt").write_text(result.stdout)
+    out = made_once(tmp_path_factory, name, make) / "run"
     made = digest(out)
     yield out
     assert digest(out) == made, f"a test changed the shared run {out}: copy it first"

@@ -486,11 +486,11 @@ def test_a_dapo_pool_without_candidates_on_some_rows_says_how_many(tmp_path, cap
 
 def test_ctrl_c_in_a_save_lets_it_finish_then_stops_at_once_in_one_line(tmp_path, cache_dir):
     """Ctrl-C as a terminal sends it (SIGINT to the process group, the verify workers too),
-    landing in step 2's save, made 3 s long (a sitecustomize slows the save's final rename):
-    the save completes, no .tmp folder is left, the one line names step 2, saved, and the
-    process ends after its exit handlers without Python's teardown (10 s and more of freeing
-    torch's and vLLM's objects). A stop that broke into the save would leave step_000002.tmp
-    and name no checkpoint."""
+    landing in step 2's save (a sitecustomize holds the save's final rename until the test has
+    sent it: there, however slow the machine): the save completes, no .tmp folder is left, the
+    one line names step 2, saved, and the process ends after its exit handlers without Python's
+    teardown (10 s and more of freeing torch's and vLLM's objects). A stop that broke into the
+    save would leave step_000002.tmp and name no checkpoint."""
     site = tmp_path / "site"
     site.mkdir()
     # each process marks its exit handlers' run and its teardown (a module global freed then)
@@ -509,7 +509,9 @@ def test_ctrl_c_in_a_save_lets_it_finish_then_stops_at_once_in_one_line(tmp_path
         "def slow_replace(src, dst):\n"
         "    if str(src).endswith('.tmp') and re.search(r'step_\\d+$', str(dst)):\n"
         "        open(mark, 'w').close()\n"
-        "        time.sleep(3)\n"
+        "        deadline = time.time() + 120\n"
+        "        while not os.path.exists(mark + '.sent') and time.time() < deadline:\n"
+        "            time.sleep(0.05)\n"
         "    replace(src, dst)\n"
         "os.replace = slow_replace\n")
     out, mark = tmp_path / "run", tmp_path / "saving"
@@ -525,6 +527,7 @@ def test_ctrl_c_in_a_save_lets_it_finish_then_stops_at_once_in_one_line(tmp_path
     while not mark.exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGINT)
+    open(f"{mark}.sent", "w").close()
     _, stderr = process.communicate(timeout=120)
     lines = stderr.strip().splitlines()
     assert process.returncode == 130 and len(lines) == 1, stderr[-3000:]
