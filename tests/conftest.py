@@ -22,38 +22,123 @@ sys.path.insert(0, repo)
 import pytest
 
 
-def made_once(tmp_path_factory, name, make):
-    """The folder `name`, made by make(folder) once a test session: under pytest-xdist by the
-    first worker to ask, in the workers' shared folder, while the others wait."""
-    from filelock import FileLock
+def shared_base(tmp_path_factory):
+    """Where the session's shared folders are: under pytest-xdist, the workers' common folder."""
     base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def made_once(tmp_path_factory, name, wait=True):
+    """The folder `name`, made once a test session by makers[name] (by the first process or
+    thread to ask; the others wait for it). With wait=False, None if another is making it."""
+    from filelock import FileLock, Timeout
+    base = shared_base(tmp_path_factory)
     folder = base / name
-    with FileLock(str(base / f"{name}.lock")):
-        if not (base / f"{name}.made").exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            folder.mkdir()
-            make(folder)
-            (base / f"{name}.made").touch()
+    try:
+        with FileLock(str(base / f"{name}.lock"), timeout=-1 if wait else 0):
+            if not (base / f"{name}.made").exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                makers[name](base, folder)
+                (base / f"{name}.made").touch()
+    except Timeout:
+        return None
     return folder
+
+
+children = []  # the child processes of the shared folders' makers
+
+
+def run(command, **kwargs):
+    """A child process that must succeed (its stdout returned); stopped with the session."""
+    import subprocess
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True, **kwargs)
+    children.append(process)
+    stdout, stderr = process.communicate(timeout=900)
+    assert process.returncode == 0, f"{command}: {stderr[-4000:]}"
+    return stdout
+
+
+def pytest_unconfigure(config):
+    """A maker still running when the session ends (its tests deselected or stopped) stops."""
+    import signal
+    for process in children:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def built(name):
+    """makers' entry for a built-in model, built in a child process."""
+    code = "import sys; from machinery import hub; hub.model_folder(*sys.argv[1:])"
+    return lambda base, folder: run([sys.executable, "-c", code, name, str(folder)], cwd=repo)
+
+
+def shared_run(*flags, nproc=1):
+    """makers' entry for a watched `rlep.py --preset tiny` run in folder/run, its stdout beside it
+    in stdout.txt (on the tiny model of the session's cache)."""
+    def make(base, folder):
+        from test_rlep import rlep_command, watched_env
+        out = folder / "run"
+        command = rlep_command(out, base / "cache", *flags, nproc=nproc)
+        (folder / "stdout.txt").write_text(run(command, env=watched_env(folder, out)))
+    return make
+
+
+# the session's shared folders, in the order they are made beside the tests: the tiny model's
+# cache, the shared runs, the cpu preset's SmolLM2
+makers = {"cache": built("builtin:tiny"), "tiny_run": shared_run(),
+          "smollm2_cache": built("builtin:smollm2"),
+          "two_rank_run": shared_run("--no-share_prompts", nproc=2)}
+# the fixture that reads each (the runs read the cache too)
+readers = {"tiny_model": "cache", "smollm2_cache": "smollm2_cache", "tiny_run": "tiny_run",
+           "two_rank_run": "two_rank_run"}
+
+
+def pytest_collection_finish(session):
+    """The shared folders the collected tests read, made from now on in a thread beside the
+    tests (each in child processes: the thread only waits), a fixture waiting only for what is
+    not done when it is needed; under pytest-xdist each worker makes those no other is making."""
+    import threading
+    import time
+    needed = {readers[name] for item in session.items for name in getattr(item, "fixturenames", ())
+              if name in readers}
+    if session.config.option.collectonly or not needed:
+        return
+    if needed & {"tiny_run", "two_rank_run"}:
+        needed.add("cache")
+    order = [name for name in makers if name in needed]
+    factory = session.config._tmp_path_factory
+
+    def make_all():
+        left = list(order)
+        while left:
+            moved = False
+            for name in list(left):
+                try:  # the cache first: the runs read it; then each one no other is making
+                    done = made_once(factory, name, wait=name == "cache" or len(left) == 1)
+                except Exception:  # the fixture that needs it makes it again, and says why
+                    done = True
+                if done:
+                    left.remove(name)
+                    moved = True
+            if not moved:
+                time.sleep(1)
+    threading.Thread(target=make_all, daemon=True).start()
 
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The tiny preset's model, built once per test session (5 s) into a temporary cache."""
     from machinery import hub
-    cache = made_once(tmp_path_factory, "cache", lambda f: hub.model_folder("builtin:tiny", str(f)))
-    return hub.model_folder("builtin:tiny", str(cache))
+    return hub.model_folder("builtin:tiny", str(made_once(tmp_path_factory, "cache")))
 
 
 @pytest.fixture(scope="session")
 def smollm2_cache(tmp_path_factory):
     """A cache holding the cpu preset's SmolLM2-135M-Instruct, made from the PyPI package's GGUF
     once per session (15 s)."""
-    from machinery import hub
-    return made_once(tmp_path_factory, "smollm2_cache",
-                     lambda f: hub.model_folder("builtin:smollm2", str(f)))
+    return made_once(tmp_path_factory, "smollm2_cache")
 
 
 engines = {}
@@ -100,17 +185,9 @@ def digest(path):
     return h.hexdigest()
 
 
-def shared_run(tmp_path_factory, tiny_model, name, *flags, nproc=1):
-    """A watched `rlep.py --preset tiny` run made once: its folder, its stdout beside it in
-    stdout.txt; at the session's end its folder must be as it was made."""
-    from test_rlep import run_rlep, watched_env
-
-    def make(folder):
-        out = folder / "run"
-        result = run_rlep(out, os.path.dirname(tiny_model), *flags, nproc=nproc,
-                          env=watched_env(folder, out))
-        (folder / "stdout.txt").write_text(result.stdout)
-    out = made_once(tmp_path_factory, name, make) / "run"
+def read_only(tmp_path_factory, name):
+    """A shared run's folder, which must be at the session's end as it was made."""
+    out = made_once(tmp_path_factory, name) / "run"
     made = digest(out)
     yield out
     assert digest(out) == made, f"a test changed the shared run {out}: copy it first"
@@ -119,15 +196,14 @@ def shared_run(tmp_path_factory, tiny_model, name, *flags, nproc=1):
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, tiny_model):
     """One uninterrupted `python rlep.py --preset tiny`: phase one, collection, phase two."""
-    yield from shared_run(tmp_path_factory, tiny_model, "tiny_run")
+    yield from read_only(tmp_path_factory, "tiny_run")
 
 
 @pytest.fixture(scope="session")
 def two_rank_run(tmp_path_factory, tiny_model):
     """`torchrun --nproc_per_node=2 rlep.py --preset tiny`, with the GPU preset's layout (one row
     per response)."""
-    yield from shared_run(tmp_path_factory, tiny_model, "two_rank_run", "--no-share_prompts",
-                          nproc=2)
+    yield from read_only(tmp_path_factory, "two_rank_run")
 
 
 # -----------------------------------------------------------------------------------------
