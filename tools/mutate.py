@@ -10,15 +10,25 @@ occurs exactly once is reported stale (the code moved: update its pattern), neve
 A mutation runs the fast tests, or the tests it names (a file or a pytest node id each): the
 unmutated copy must pass those of the mutations chosen. Its edit is one (pattern, replacement),
 or a tuple of patterns and one of replacements applied together (an edit in two places).
+The tests that can see the edit run first (those whose code names the function it is in, or,
+outside a function, a name in its pattern), the quick tier's first among either kind, and
+pytest stops at the first failure (-x): a killed mutation costs seconds. This file is the
+pytest plugin (-p mutate) that orders them.
 Exits 0 only when the unmutated copy passes and every mutation is killed. A script, not a
 test (pytest does not collect it); it takes minutes, outside CI's time."""
 import argparse
+import ast
+import inspect
+import keyword
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+import pytest
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the tests that must catch every mutation, quickest to fail first
@@ -219,7 +229,8 @@ mutations = [
     ("a refusal on rank 0 alone", "machinery/ranks.py", "        raise error\n    return answer",
      "        if d.master_process:\n            raise error\n    return answer",
      ["tests/test_checkpoints.py::test_rank_0s_answer_or_refusal_reaches_every_rank"]),
-    ("main keeps a stopped save's leftovers", "rlep.py", "remove_leftovers(cfg.out_dir)", "pass",
+    ("main keeps a stopped save's leftovers", "rlep.py",
+     "checkpoints.remove_leftovers(cfg.out_dir)", "pass",
      [guarantees + "test_a_stopped_saves_leftovers_count_as_free_and_go_only_after_the_checks"]),
     ("leftovers not counted as free space", "machinery/disk.py",
      "free = shutil.disk_usage(where).free + sum(map(folder_bytes, leftovers(cfg.out_dir)))",
@@ -439,9 +450,40 @@ def edits(mutation) -> list[tuple[str, str]]:
     return list(zip(pattern, replacement, strict=True))
 
 
-def run_tests(copy: str, tests: list[str]) -> int:
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
-    return subprocess.run(command, cwd=copy, stdout=subprocess.DEVNULL,
+def seen_by(source: str, pattern: str) -> list[str]:
+    """The names a test that can see an edit of `pattern` in `source` mentions: the innermost
+    function holding it; outside any, the names in the pattern."""
+    line = source[:source.index(pattern)].count("\n") + 1
+    holders = [node for node in ast.walk(ast.parse(source))
+               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+               and node.lineno <= line <= node.end_lineno]
+    if holders:
+        return [max(holders, key=lambda node: node.lineno).name]
+    return [word for word in re.findall(r"[A-Za-z_]\w{3,}", pattern)
+            if not keyword.iskeyword(word)]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """As pytest's plugin (-p mutate): the tests whose code names one of MUTATE_SEES first,
+    then the others; the quick tier's first within each; otherwise in the order given."""
+    names = [name for name in os.environ.get("MUTATE_SEES", "").split(",") if name]
+    mentions = re.compile(r"\b(%s)\b" % "|".join(map(re.escape, names))) if names else None
+
+    def sees(item):
+        try:
+            return bool(mentions and mentions.search(inspect.getsource(item.function)))
+        except (AttributeError, OSError, TypeError):
+            return False
+    items.sort(key=lambda item: (not sees(item), item.get_closest_marker("quick") is None))
+
+
+def run_tests(copy: str, tests: list[str], sees: list[str] = ()) -> int:
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p",
+               "mutate", *tests]
+    path = os.pathsep.join([os.path.join(copy, "tools"), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, "MUTATE_SEES": ",".join(sees)}
+    return subprocess.run(command, cwd=copy, stdout=subprocess.DEVNULL, env=env,
                           stderr=subprocess.DEVNULL, timeout=1800).returncode
 
 
@@ -479,13 +521,15 @@ def main():
                       flush=True)
                 continue
             mutated = original
+            sees = []
             for pattern, replacement in edits(mutation):
+                sees += seen_by(original, pattern)
                 mutated = mutated.replace(pattern, replacement)
             start = time.perf_counter()
             with open(path, "w", encoding="utf-8") as f:
                 f.write(mutated)
             try:
-                status = run_tests(copy, tests_of(mutation))
+                status = run_tests(copy, tests_of(mutation), sees)
             finally:
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(original)
