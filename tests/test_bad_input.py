@@ -390,7 +390,7 @@ class FinishedRunsEngine:
     def sleep(self):
         pass
 
-    def shutdown(self):
+    def shutdown(self, wake=False):
         pass
 
     def __getattr__(self, name):
