@@ -27,16 +27,16 @@ training_path = ["rlep.py"] + sorted(os.path.relpath(path, root) for path in
 # miss (checks; data). Raised to 20,700: one process writes a run folder (a lock).
 # Raised to 21,000: the support split into a package of modules, one idea each, and rlep.py's calls
 # naming the module they go to (imports and `module.` prefixes, +210).
-# Held at 20,894 by the boundary's move (issue 55): log π at T, collate, N's group sizes, the choice
+# Held at 20,894 by the boundary's move: log π at T, collate, N's group sizes, the choice
 # of groups and the pool's rule into rlep.py (+1,097 there), the package folded to 14 modules;
 # filelock, safetensors and parse_hf_uri replaced the lock, the header parser and the hf://
 # regular expression (-230), which the moved code's imports and the hub commits' record took back.
-# Raised to 23,600: the preflight (issue 56, +2,588): every number finite and within vLLM's bounds,
+# Raised to 23,600: the preflight (+2,588): every number finite and within vLLM's bounds,
 # the template's fields, the model's config, weights' shapes, chat template, end token and
 # vocabulary, vLLM's context rule, the rows' schema, the pool against the verifier and the
 # training rows, the folders, W&B's login; checkpoints' records and their check; the stop of a
 # diverged run and of a full disk, each in one line.
-# Raised to 24,100 (issue 57, +441): a wake before a normal end's shutdown, a rank's failure ending
+# Raised to 24,100 (+441): a wake before a normal end's shutdown, a rank's failure ending
 # the job at once (ranks.end_on_failure), the first steps' ends and capped share; the gpu preset
 # (one GPU), --train_prompts (the fixed subset of D it trains on) and the collection's chunks in
 # sequences a rank (--collect_chunk).

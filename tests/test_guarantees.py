@@ -1,5 +1,5 @@
 """What a run computes or guarantees that a plausible one-line edit could change while the rest
-of the suite stayed green (issue 40): the side a long prompt is cut from, the token mean's N
+of the suite stayed green: the side a long prompt is cut from, the token mean's N
 with replays, π_θold's single pass, a save or prune stopped for real at each of its writes,
 validation's order and average on 1 and 2 ranks, the paper's rule as math_dapo reads answers,
 eval.py's protocol and its benchmarks per data source, main's clean-up of a stopped save.

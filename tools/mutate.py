@@ -165,7 +165,7 @@ mutations = [
     ("paper preset: warm-up 5", "rlep.py", "warmup_steps: int = 10", "warmup_steps: int = 5"),
     ("disk check removed from the start checks", "machinery/preflight.py",
      "disk_line = check_disk(cfg, model_path, len(inputs[0]), world_size)", 'disk_line = ""'),
-    # issue 40: what the suite let change (tests/test_guarantees.py)
+    # what the suite let change (tests/test_guarantees.py)
     ("long prompts cut from their end", "rlep.py", '["input_ids"][-max_len:]',
      '["input_ids"][:max_len]',
      [guarantees + "test_a_long_prompt_keeps_its_end_and_loses_its_start"]),
