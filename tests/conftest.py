@@ -265,8 +265,9 @@ def quick_tests_start_no_engine_and_no_run(request, monkeypatch):
     def no_engine(*args, **kwargs):
         pytest.fail("a quick test started a vLLM engine")
     monkeypatch.setattr(vllm_engine, "start", no_engine)
-    monkeypatch.setattr(torch.multiprocessing, "spawn",
-                        lambda *args, **kwargs: pytest.fail("a quick test spawned ranks"))
+    for start in ("spawn", "start_processes"):  # mp.spawn, and tests/forked.py's
+        monkeypatch.setattr(torch.multiprocessing, start,
+                            lambda *args, **kwargs: pytest.fail("a quick test spawned ranks"))
     popen = subprocess.Popen.__init__
 
     def no_run(self, args, *rest, **kwargs):

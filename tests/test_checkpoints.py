@@ -13,11 +13,11 @@ import weakref
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
 from machinery import (RunStopped, UserError, checkpoints, data, disk, files, preflight, ranks,
                        vllm_engine)
+import forked
 import rlep
 
 
@@ -319,7 +319,7 @@ def test_every_rank_takes_rank_0s_view_of_the_run(tmp_path, free_port):
     pool = tmp_path / "rank0" / "collect" / "pool.jsonl"
     pool.parent.mkdir()
     pool.write_text("")
-    mp.spawn(decide_on_rank, args=(free_port, folders, str(tmp_path / "built")), nprocs=2)
+    forked.spawn(decide_on_rank, args=(free_port, folders, str(tmp_path / "built")), nprocs=2)
     ckpt = checkpoints.checkpoint_path(os.path.join(folders[0], "phase1"), 2)
     for rank in (0, 1):
         assert torch.load(tmp_path / f"built.{rank}")["built"] == [ckpt]
@@ -409,8 +409,8 @@ def test_the_other_ranks_never_receive_rank_0s_collected_answers(tiny_model, tmp
                 for row, text in zip(rows[:3], secret)]
     (out_dir / "collect").mkdir()
     files.append_jsonl(str(out_dir / "collect" / "progress.jsonl"), progress)
-    mp.spawn(collect_on_rank, nprocs=2,
-             args=(free_port, tiny_model, str(out_dir), str(tmp_path / "received")))
+    forked.spawn(collect_on_rank, nprocs=2,
+                 args=(free_port, tiny_model, str(out_dir), str(tmp_path / "received")))
     received = torch.load(tmp_path / "received")["received"]
     assert received  # the spies saw the collectives
     assert not any(text.encode() in blob for blob in received for text in secret)
@@ -445,7 +445,7 @@ def decide_or_refuse(rank, port, out):
 def test_rank_0s_answer_or_refusal_reaches_every_rank(tmp_path, free_port):
     """decide() runs on rank 0 alone; every rank returns its answer, or raises its error (a
     refusal on rank 0 alone would leave the other ranks waiting in the next collective)."""
-    mp.spawn(decide_or_refuse, args=(free_port, str(tmp_path / "decided")), nprocs=2)
+    forked.spawn(decide_or_refuse, args=(free_port, str(tmp_path / "decided")), nprocs=2)
     seen = [torch.load(tmp_path / f"decided.{rank}") for rank in (0, 1)]
     assert [s["answer"] for s in seen] == [{"step": 4}] * 2
     assert [s["calls"] for s in seen] == [[0], []]

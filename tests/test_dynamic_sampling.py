@@ -10,10 +10,10 @@ import random
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
 from machinery import checkpoints, data, metrics, ranks, vllm_engine
+import forked
 import rlep
 from test_rlep import assert_same_weights, read_jsonl, relative_gap, run_rlep
 
@@ -179,7 +179,7 @@ def test_two_ranks_keep_the_same_groups_in_the_same_places_as_one_where_the_choi
     one = [g[0].row_id for g in my_groups.values()]
     assert list(my_groups) == list(range(8)) and meter["gen_rounds"] == 2
     assert one == [ids[j][p] for j, p in binding_kept]
-    mp.spawn(groups_on_rank, args=(free_port, tiny_model, str(tmp_path)), nprocs=2)
+    forked.spawn(groups_on_rank, args=(free_port, tiny_model, str(tmp_path)), nprocs=2)
     ranks = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
     two = {int(i): row_id for r in ranks for i, row_id in r["groups"].items()}
     assert [two[i] for i in range(8)] == one and sum(len(r["groups"]) for r in ranks) == 8

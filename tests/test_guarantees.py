@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoTokenizer
 
 from machinery import UserError, builtin, checkpoints, disk, hub, ranks, vllm_engine
 import eval
+import forked
 import rlep
 import verify
 
@@ -229,7 +229,7 @@ def two_ranks(tiny_model, tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = str(tmp_path_factory.mktemp("two_ranks") / "rank")
-    mp.spawn(on_two_ranks, args=(port, tiny_model, out), nprocs=2)
+    forked.spawn(on_two_ranks, args=(port, tiny_model, out), nprocs=2)
     return [torch.load(f"{out}.{rank}") for rank in (0, 1)]
 
 

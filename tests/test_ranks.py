@@ -17,11 +17,11 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from machinery import RunStopped, checkpoints, data, ranks, vllm_engine
+import forked
 import rlep
 
 
@@ -58,7 +58,7 @@ def on_two_ranks(rank, port, test, args, out):
 
 
 def run_on_two_ranks(test, args, tmp_path, port):
-    mp.spawn(on_two_ranks, args=(port, test, args, str(tmp_path)), nprocs=2)
+    forked.spawn(on_two_ranks, args=(port, test, args, str(tmp_path)), nprocs=2)
     return [json.load(open(tmp_path / f"rank{r}.json")) for r in (0, 1)]
 
 

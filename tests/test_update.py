@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from machinery import checkpoints, fsdp, planner, ranks
+import forked
 import rlep
 
 cpu = torch.device("cpu")
@@ -74,8 +74,8 @@ def updates_on_one_and_two_ranks(tiny_model, tmp_path, port, cfg, groups, owners
     tokens the ranks trained add up to every sample's once an epoch (idle passes count none).
     Returns them, with the rows each of the 2 ranks received ("received", a list)."""
     update(0, 1, None, tiny_model, cfg, groups, tmp_path / "one.pt")
-    mp.spawn(update, args=(2, port, tiny_model, cfg, groups, tmp_path / "two.pt", owners),
-             nprocs=2)
+    forked.spawn(update, args=(2, port, tiny_model, cfg, groups, tmp_path / "two.pt", owners),
+                 nprocs=2)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     per_rank = [torch.load(f"{tmp_path / 'two.pt'}.rank{r}") for r in range(2)]
     tokens = cfg.epochs * sum(len(s.completion_ids) for g in groups for s in g)
@@ -205,7 +205,7 @@ def test_a_bf16_run_gathers_bf16_weights_and_reduces_gradients_in_fp32(tiny_mode
     """Local gradients 1 and 2^-9 (each exact in bf16): their mean over the 2 ranks, 0.5 +
     2^-10, needs 10 bits of mantissa where bf16 has 8; reduced in bf16 it rounds to 0.5. FSDP2
     on gloo shows it on a CPU (it reduces in reduce_dtype there too)."""
-    mp.spawn(reduce_on_rank, args=(free_port, tiny_model, tmp_path / "reduced.pt"), nprocs=2)
+    forked.spawn(reduce_on_rank, args=(free_port, tiny_model, tmp_path / "reduced.pt"), nprocs=2)
     reduced = torch.load(tmp_path / "reduced.pt")
     expected = (1.0 + 2.0 ** -9) / 2
     assert torch.tensor(expected).bfloat16().item() != expected  # bf16 cannot hold it
