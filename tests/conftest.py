@@ -162,6 +162,34 @@ def tiny_engine(tiny_model):
     return engines["tiny"]
 
 
+class Lent:
+    """The session's engine lent to a run in this process: its shutdown is the session's."""
+    def __init__(self, engine):
+        self.engine = engine
+
+    def shutdown(self, wake=False):
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+
+@pytest.fixture
+def main_in_process(tiny_model, tiny_engine, monkeypatch):
+    """rlep.main of a tiny run in this process, on the session's engine (the tiny model, the
+    tiny preset's lengths): the run without a process's seconds of imports and an engine's
+    start."""
+    import rlep
+
+    def lend(cfg, model_path, d):
+        assert os.path.samefile(model_path, tiny_model) and cfg.dtype == "float32"
+        assert cfg.max_prompt_len + cfg.max_response_len <= 48
+        return Lent(tiny_engine)
+    monkeypatch.setattr(rlep, "build_engine", lend)
+    monkeypatch.setattr(rlep, "base_scores", {})  # validated afresh, as a new process does
+    return rlep.main
+
+
 @pytest.fixture
 def free_port():
     """A local TCP port free right now: for a process group's store or a torchrun rendezvous."""

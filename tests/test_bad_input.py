@@ -335,17 +335,35 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, files, cache_
     assert digest(out) == before
 
 
-@pytest.mark.parametrize("case", ["missing data file", "--prompts_per_step 0",
-                                  "--model_path missing", "--resume --lr changed",
-                                  "--stop_token unknown", "--resume, the step's weights gone"])
-def test_python_rlep_py_prints_one_line_and_exits_2(tmp_path, files, cache_dir, case):
-    _, flags, state, message = next(c for c in bad_inputs if c[0] == case)
-    out, command = prepare(tmp_path, files, cache_dir, flags, state)
-    before = digest(out)
-    result = subprocess.run([sys.executable, os.path.join(repo, "rlep.py"), *command],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2, result.stderr[-3000:]
-    lines = result.stderr.strip().splitlines()
+exit_2_cases = ["missing data file", "--prompts_per_step 0", "--model_path missing",
+                "--resume --lr changed", "--stop_token unknown",
+                "--resume, the step's weights gone"]
+
+
+@pytest.fixture(scope="module")
+def exits_2(tmp_path_factory, files, cache_dir):
+    """`python rlep.py` on each case of exit_2_cases, all started at once (each spends its
+    seconds importing): {case: (process, its out_dir, the out_dir's digest before)}."""
+    started = {}
+    for case in exit_2_cases:
+        _, flags, state, _ = next(c for c in bad_inputs if c[0] == case)
+        out, command = prepare(tmp_path_factory.mktemp("exit2"), files, cache_dir, flags, state)
+        process = subprocess.Popen([sys.executable, os.path.join(repo, "rlep.py"), *command],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        started[case] = (process, out, digest(out))
+    yield started
+    for process, _, _ in started.values():
+        process.kill()
+        process.communicate()
+
+
+@pytest.mark.parametrize("case", exit_2_cases)
+def test_python_rlep_py_prints_one_line_and_exits_2(exits_2, case):
+    message = next(c for c in bad_inputs if c[0] == case)[3]
+    process, out, before = exits_2[case]
+    stderr = process.communicate(timeout=300)[1]
+    assert process.returncode == 2, stderr[-3000:]
+    lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("rlep.py: ") and message in lines[0]
     assert digest(out) == before
 
@@ -398,7 +416,8 @@ class FinishedRunsEngine:
 
 
 def test_a_changed_lr_is_refused_then_taken_with_override_and_recorded(tmp_path, cache_dir,
-                                                                        tiny_run, monkeypatch):
+                                                                        tiny_run, monkeypatch,
+                                                                        main_in_process):
     """A run of 2 steps (the shared tiny run's phase one to its step 2, as `--phase 1
     --phase1_steps 2 --val_every 0` leaves it); resumed with --lr 1e-3 and --phase1_steps 3:
     refused by the preflight, config.json untouched; with --override step 3 trains at lr 1e-3
@@ -419,14 +438,14 @@ def test_a_changed_lr_is_refused_then_taken_with_override_and_recorded(tmp_path,
             "1", "--val_every", "0"]
     before = digest(out)
     changed = ["--phase1_steps", "3", "--lr", "1e-3", "--resume"]
+    lend = rlep.build_engine
     monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
     with pytest.raises(UserError) as refused:
         rlep.main(base + changed)
     assert "--lr 0.0003 (now 0.001)" in str(refused.value)
     assert "--phase1_steps 2 (now 3)" in str(refused.value) and digest(out) == before
-    taken = subprocess.run([sys.executable, os.path.join(repo, "rlep.py"), *base, *changed,
-                            "--override"], capture_output=True, text=True, timeout=600)
-    assert taken.returncode == 0, taken.stderr[-3000:]
+    monkeypatch.setattr(rlep, "build_engine", lend)
+    main_in_process(base + changed + ["--override"])
     saved = json.load(open(out / "config.json"))
     assert saved["lr"] == 1e-3 and saved["phase1_steps"] == 3
     assert saved["overrides"] == [
@@ -439,7 +458,7 @@ def test_a_changed_lr_is_refused_then_taken_with_override_and_recorded(tmp_path,
     assert timings["processes"] == 2 and timings["total_s"] > 0
     # the run now is the run with its new values: the same command resumes without a word
     monkeypatch.setattr(rlep, "build_engine", lambda *args: FinishedRunsEngine())
-    rlep.main(base + ["--phase1_steps", "3", "--lr", "1e-3", "--resume"])
+    main_in_process(base + ["--phase1_steps", "3", "--lr", "1e-3", "--resume"])
     assert json.load(open(out / "timings.json"))["processes"] == 3
 
 

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from machinery import UserError, checkpoints, data, metrics, ranks
+from machinery import RunStopped, UserError, checkpoints, data, metrics, ranks
 import rlep
 import verify
 
@@ -122,11 +122,13 @@ def test_full_run_ends_with_the_comparison_and_its_figure(tiny_run):
     assert f"plot: {png}" in stdout and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_checkpoints_are_pruned_to_the_newest_and_the_collections(tmp_path, cache_dir):
+def test_checkpoints_are_pruned_to_the_newest_and_the_collections(tmp_path, cache_dir,
+                                                                   main_in_process):
     """keep_checkpoints 1 over the tiny run's steps 2 and 4 with collect_step 2: phase one
     keeps step 2's weights for the collection, phase two only its newest checkpoint."""
     out = tmp_path / "pruned"
-    run_rlep(out, cache_dir, "--keep_checkpoints", "1", "--collect_step", "2")
+    main_in_process(["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir),
+                     "--keep_checkpoints", "1", "--collect_step", "2"])
     phase1_older = checkpoints.checkpoint_path(str(out / "phase1"), 2)
     assert os.path.isfile(os.path.join(phase1_older, "model.safetensors"))
     assert not os.path.exists(os.path.join(phase1_older, "optimizer"))
@@ -306,7 +308,8 @@ def test_two_nodes_on_one_machine_match_two_ranks_on_one(tmp_path, cache_dir, tw
 
 
 def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path, cache_dir,
-                                                                        tiny_run, monkeypatch):
+                                                                        tiny_run, monkeypatch,
+                                                                        main_in_process):
     """A real kill in phase one, right after its first checkpoint, then --resume; beside it (the
     two on both cores), the state a kill leaves in the other parts, made in a copy of the
     uninterrupted run: a collection cut mid-line, a checkpoint cut mid-save."""
@@ -323,11 +326,13 @@ def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path
     kill_after(rlep_command(out, cache_dir), out / "phase1" / "step_000002" / "trainer_state.pt")
     assert not (out / "phase2").exists()
     # never overwrite a run by accident: the preflight refuses, before an engine starts
+    lend = rlep.build_engine
     monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
+    command = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir)]
     with pytest.raises(UserError, match="--resume"):
-        rlep.main(["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir)])
-    monkeypatch.undo()
-    run_rlep(out, cache_dir, "--resume")
+        rlep.main(command)
+    monkeypatch.setattr(rlep, "build_engine", lend)
+    main_in_process(command + ["--resume"])
     stderr = beside.communicate(timeout=600)[1]
     assert beside.returncode == 0, stderr[-4000:]
     for run in (out, cut):
@@ -355,14 +360,16 @@ def test_resume_after_a_kill_on_two_ranks_matches_the_uninterrupted_run(tmp_path
                             checkpoints.checkpoint_path(str(two_rank_run / part), 4))
 
 
-def test_a_two_rank_run_resumes_on_one_rank(tmp_path, cache_dir, two_rank_run, tiny_model):
+def test_a_two_rank_run_resumes_on_one_rank(tmp_path, cache_dir, two_rank_run, tiny_model,
+                                            main_in_process):
     """AdamW's state saved by 2 ranks (two .distcp shards) is resharded for 1: phase one continues
     from step 2."""
     out = tmp_path / "resharded"
     shutil.copytree(two_rank_run / "phase1", out / "phase1",
                     ignore=shutil.ignore_patterns("step_000004"))
     shutil.copy(two_rank_run / "config.json", out / "config.json")
-    run_rlep(out, cache_dir, "--no-share_prompts", "--phase", "1", "--resume")
+    main_in_process(["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir),
+                     "--no-share_prompts", "--phase", "1", "--resume"])
     assert [r["step"] for r in read_jsonl(out / "phase1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]
     one, two = (checkpoints.checkpoint_path(str(run / "phase1"), 4) for run in (out, two_rank_run))
     # float rounding only: the same moments, the same steps
@@ -370,14 +377,15 @@ def test_a_two_rank_run_resumes_on_one_rank(tmp_path, cache_dir, two_rank_run, t
     assert len(glob.glob(os.path.join(one, "optimizer", "*.distcp"))) == 1
 
 
-def test_an_empty_pool_stops_before_phase_two(tmp_path, cache_dir, tiny_run):
+def test_an_empty_pool_stops_before_phase_two(tmp_path, cache_dir, tiny_run, main_in_process):
     out = tmp_path / "empty"
     shutil.copytree(tiny_run / "phase1", out / "phase1")
     shutil.copy(tiny_run / "config.json", out / "config.json")
     # no prompt has all K answers right at T = 2; changed values need --override
-    result = run_rlep(out, cache_dir, "--resume", "--phase", "all", "--collect_temperature", "2",
-                      "--min_successes", "16", "--override", check=False)
-    assert result.returncode != 0 and "empty experience pool" in result.stderr
+    with pytest.raises(RunStopped, match="empty experience pool"):
+        main_in_process(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
+                         str(cache_dir), "--resume", "--phase", "all", "--collect_temperature",
+                         "2", "--min_successes", "16", "--override"])
     assert not (out / "phase2").exists() and not (out / "collect" / "pool.jsonl").exists()
 
 
