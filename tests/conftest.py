@@ -4,8 +4,9 @@ The runs several tests read are made once a session, here: the tiny preset's uni
 (`tiny_run`) and its 2-rank run (`two_rank_run`), each watched for a refusal after config.json
 (tests/test_rlep.py's watcher).
 Their folders are shared read-only (checked at the session's end): a test that changes a run
-copies it first. `pytest -m quick` runs the method's tests that start no vLLM engine and no run
-(the files and tests named in `quick`, below)."""
+copies it first, and one that continues a run calls rlep.main in its own process on the session's
+engine (`main_in_process`). `pytest -m quick` runs the method's tests that start no vLLM engine
+and no run (the files and tests named in `quick`, below)."""
 import hashlib
 import os
 import shutil

@@ -4,7 +4,7 @@ with the output folder untouched (absent, or byte-identical where it held a run)
 as one line on stderr and exit code 2 from `python rlep.py`, on one rank and on two (rank 0
 decides, both stop); a resume with a changed value refused, then taken with --override and
 recorded; warnings for legal but surprising settings; Ctrl-C's one line.
-Run: python -m pytest -q tests/test_bad_input.py (about 3 minutes)"""
+Run: python -m pytest -q tests/test_bad_input.py"""
 import hashlib
 import json
 import math

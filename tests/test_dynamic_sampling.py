@@ -2,7 +2,7 @@
 (replays counted), the rounds a step draws and the places its kept groups take, the cap, the
 gen_* counts every run logs; with the real engine on the tiny preset, a resumed run and a 2-rank
 run against an uninterrupted 1-rank one.
-Run: python -m pytest -q tests/test_dynamic_sampling.py (about a minute and a half)"""
+Run: python -m pytest -q tests/test_dynamic_sampling.py"""
 import json
 import os
 import random

@@ -3,7 +3,7 @@ against 2 ranks (FSDP2 on gloo) and against 2 nodes on one machine; resuming aft
 part, on 1 and on 2 ranks; how fresh and replayed responses end; no refusal after config.json.
 The uninterrupted runs on 1 and on 2 ranks are the session's, shared read-only (tests/conftest.py:
 tiny_run, two_rank_run).
-Run: python -m pytest -q tests/test_rlep.py (about 3 minutes)"""
+Run: python -m pytest -q tests/test_rlep.py"""
 import glob
 import json
 import os
