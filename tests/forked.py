@@ -7,9 +7,9 @@ import multiprocessing
 
 import torch.multiprocessing as mp
 
-# what every rank imports, imported once in the server; a test module's own imports follow
-multiprocessing.set_forkserver_preload(["torch", "torch.distributed", "transformers", "rlep",
-                                        "machinery.fsdp", "machinery.checkpoints"])
+# what every rank imports, imported once in the server (rlep brings torch, torch.distributed and
+# machinery; transformers it imports lazily); a test module's own imports follow
+multiprocessing.set_forkserver_preload(["transformers", "rlep"])
 
 
 def spawn(fn, args=(), nprocs=2):

@@ -438,13 +438,12 @@ def test_a_changed_lr_is_refused_then_taken_with_override_and_recorded(tmp_path,
             "1", "--val_every", "0"]
     before = digest(out)
     changed = ["--phase1_steps", "3", "--lr", "1e-3", "--resume"]
-    lend = rlep.build_engine
-    monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
-    with pytest.raises(UserError) as refused:
-        rlep.main(base + changed)
+    with monkeypatch.context() as refusing:  # main_in_process's engine is lent again after it
+        refusing.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
+        with pytest.raises(UserError) as refused:
+            rlep.main(base + changed)
     assert "--lr 0.0003 (now 0.001)" in str(refused.value)
     assert "--phase1_steps 2 (now 3)" in str(refused.value) and digest(out) == before
-    monkeypatch.setattr(rlep, "build_engine", lend)
     main_in_process(base + changed + ["--override"])
     saved = json.load(open(out / "config.json"))
     assert saved["lr"] == 1e-3 and saved["phase1_steps"] == 3
@@ -458,7 +457,7 @@ def test_a_changed_lr_is_refused_then_taken_with_override_and_recorded(tmp_path,
     assert timings["processes"] == 2 and timings["total_s"] > 0
     # the run now is the run with its new values: the same command resumes without a word
     monkeypatch.setattr(rlep, "build_engine", lambda *args: FinishedRunsEngine())
-    main_in_process(base + ["--phase1_steps", "3", "--lr", "1e-3", "--resume"])
+    rlep.main(base + ["--phase1_steps", "3", "--lr", "1e-3", "--resume"])
     assert json.load(open(out / "timings.json"))["processes"] == 3
 
 

@@ -326,12 +326,11 @@ def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path
     kill_after(rlep_command(out, cache_dir), out / "phase1" / "step_000002" / "trainer_state.pt")
     assert not (out / "phase2").exists()
     # never overwrite a run by accident: the preflight refuses, before an engine starts
-    lend = rlep.build_engine
-    monkeypatch.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
     command = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir)]
-    with pytest.raises(UserError, match="--resume"):
-        rlep.main(command)
-    monkeypatch.setattr(rlep, "build_engine", lend)
+    with monkeypatch.context() as refusing:  # main_in_process's engine is lent again after it
+        refusing.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
+        with pytest.raises(UserError, match="--resume"):
+            rlep.main(command)
     main_in_process(command + ["--resume"])
     stderr = beside.communicate(timeout=600)[1]
     assert beside.returncode == 0, stderr[-4000:]
