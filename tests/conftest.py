@@ -289,6 +289,7 @@ def quick_tests_start_no_engine_and_no_run(request, monkeypatch):
 
     import torch.multiprocessing
 
+    import forked
     from machinery import vllm_engine
 
     def no_engine(*args, **kwargs):
@@ -297,6 +298,8 @@ def quick_tests_start_no_engine_and_no_run(request, monkeypatch):
     for start in ("spawn", "start_processes"):  # mp.spawn, and tests/forked.py's
         monkeypatch.setattr(torch.multiprocessing, start,
                             lambda *args, **kwargs: pytest.fail("a quick test spawned ranks"))
+    monkeypatch.setattr(forked, "script",
+                        lambda path, *args: pytest.fail(f"a quick test started a run: {path}"))
     popen = subprocess.Popen.__init__
 
     def no_run(self, args, *rest, **kwargs):

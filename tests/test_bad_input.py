@@ -23,6 +23,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+import forked
 import machinery.files
 from machinery import UserError, checkpoints, data, preflight, ranks
 import rlep
@@ -342,28 +343,40 @@ exit_2_cases = ["missing data file", "--prompts_per_step 0", "--model_path missi
 
 @pytest.fixture(scope="module")
 def exits_2(tmp_path_factory, files, cache_dir):
-    """`python rlep.py` on each case of exit_2_cases, all started at once (each spends its
-    seconds importing): {case: (process, its out_dir, the out_dir's digest before)}."""
+    """`python rlep.py` on each case of exit_2_cases, all started at once: the first a process of
+    its own (what the imports print is seen), the others forked from tests/forked.py's server
+    (its imports done once): {case: (process, its stderr's file, its out_dir, the out_dir's digest
+    before)}."""
     started = {}
     for case in exit_2_cases:
         _, flags, state, _ = next(c for c in bad_inputs if c[0] == case)
-        out, command = prepare(tmp_path_factory.mktemp("exit2"), files, cache_dir, flags, state)
-        process = subprocess.Popen([sys.executable, os.path.join(repo, "rlep.py"), *command],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        started[case] = (process, out, digest(out))
+        folder = tmp_path_factory.mktemp("exit2")
+        out, command = prepare(folder, files, cache_dir, flags, state)
+        stderr = folder / "stderr.txt"
+        if not started:
+            with open(stderr, "w") as file:  # the child holds its own copy
+                process = subprocess.Popen([sys.executable, os.path.join(repo, "rlep.py"),
+                                            *command], stdout=subprocess.DEVNULL, stderr=file)
+        else:
+            process = forked.script(os.path.join(repo, "rlep.py"), command, str(stderr))
+        started[case] = (process, stderr, out, digest(out))
     yield started
-    for process, _, _ in started.values():
+    for process, _, _, _ in started.values():
         process.kill()
-        process.communicate()
+        process.wait() if isinstance(process, subprocess.Popen) else process.join()
 
 
 @pytest.mark.parametrize("case", exit_2_cases)
 def test_python_rlep_py_prints_one_line_and_exits_2(exits_2, case):
     message = next(c for c in bad_inputs if c[0] == case)[3]
-    process, out, before = exits_2[case]
-    stderr = process.communicate(timeout=300)[1]
-    assert process.returncode == 2, stderr[-3000:]
-    lines = stderr.strip().splitlines()
+    process, stderr, out, before = exits_2[case]
+    if isinstance(process, subprocess.Popen):
+        code = process.wait(timeout=300)
+    else:
+        process.join(timeout=300)
+        code = process.exitcode
+    lines = stderr.read_text().strip().splitlines()
+    assert code == 2, "\n".join(lines[-40:])
     assert len(lines) == 1 and lines[0].startswith("rlep.py: ") and message in lines[0]
     assert digest(out) == before
 
