@@ -33,6 +33,8 @@ def script(path, argv, stderr):
 
 
 def as_main(path, argv, stderr):
-    os.dup2(os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), 2)
+    fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)
+    os.close(fd)
     sys.argv = [path, *argv]
     runpy.run_path(path, run_name="__main__")  # its sys.exit(code) is the process's exit code

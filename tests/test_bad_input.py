@@ -363,18 +363,22 @@ def exits_2(tmp_path_factory, files, cache_dir):
     yield started
     for process, _, _, _ in started.values():
         process.kill()
-        process.wait() if isinstance(process, subprocess.Popen) else process.join()
+        exit_code(process)
+
+
+def exit_code(process, timeout=300):
+    """The exit code of a process exits_2 started (a Popen or a forked one), once it ends."""
+    if isinstance(process, subprocess.Popen):
+        return process.wait(timeout=timeout)
+    process.join(timeout)
+    return process.exitcode
 
 
 @pytest.mark.parametrize("case", exit_2_cases)
 def test_python_rlep_py_prints_one_line_and_exits_2(exits_2, case):
     message = next(c for c in bad_inputs if c[0] == case)[3]
     process, stderr, out, before = exits_2[case]
-    if isinstance(process, subprocess.Popen):
-        code = process.wait(timeout=300)
-    else:
-        process.join(timeout=300)
-        code = process.exitcode
+    code = exit_code(process)
     lines = stderr.read_text().strip().splitlines()
     assert code == 2, "\n".join(lines[-40:])
     assert len(lines) == 1 and lines[0].startswith("rlep.py: ") and message in lines[0]

@@ -28,14 +28,18 @@ import verify
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def tiny_args(out_dir, cache_dir, *args):
+    """rlep.py's arguments for a tiny run in out_dir."""
+    return ["--preset", "tiny", "--out_dir", str(out_dir), "--cache_dir", str(cache_dir), *args]
+
+
 def rlep_command(out_dir, cache_dir, *args, nproc=1):
     if nproc > 1:
         launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                     f"--nproc_per_node={nproc}"]
     else:
         launcher = [sys.executable]
-    return launcher + [os.path.join(repo, "rlep.py"), "--preset", "tiny", "--out_dir", str(out_dir),
-                       "--cache_dir", str(cache_dir), *args]
+    return launcher + [os.path.join(repo, "rlep.py"), *tiny_args(out_dir, cache_dir, *args)]
 
 
 def run_rlep(out_dir, cache_dir, *args, nproc=1, check=True, env=None):
@@ -128,8 +132,7 @@ def test_checkpoints_are_pruned_to_the_newest_and_the_collections(tmp_path, cach
     """keep_checkpoints 1 over the tiny run's steps 2 and 4 with collect_step 2: phase one
     keeps step 2's weights for the collection, phase two only its newest checkpoint."""
     out = tmp_path / "pruned"
-    main_in_process(["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir),
-                     "--keep_checkpoints", "1", "--collect_step", "2"])
+    main_in_process(tiny_args(out, cache_dir, "--keep_checkpoints", "1", "--collect_step", "2"))
     phase1_older = checkpoints.checkpoint_path(str(out / "phase1"), 2)
     assert os.path.isfile(os.path.join(phase1_older, "model.safetensors"))
     assert not os.path.exists(os.path.join(phase1_older, "optimizer"))
@@ -326,18 +329,15 @@ def test_resume_after_a_kill_in_each_part_matches_the_uninterrupted_run(tmp_path
     saved = out / "phase1" / "step_000002" / "trainer_state.pt"
     killer = threading.Thread(target=kill_after, args=(rlep_command(out, cache_dir), saved))
     killer.start()
-    command = ["--preset", "tiny", "--cache_dir", str(cache_dir)]
-    main_in_process(command + ["--out_dir", str(cut), "--resume"])
+    main_in_process(tiny_args(cut, cache_dir, "--resume"))
     killer.join()
     assert saved.exists() and not (out / "phase2").exists()
     # never overwrite a run by accident: the preflight refuses, before an engine starts
-    command += ["--out_dir", str(out)]
     with monkeypatch.context() as refusing:  # main_in_process's engine is lent again after it
         refusing.setattr(rlep, "build_engine", lambda *args: pytest.fail("an engine started"))
         with pytest.raises(UserError, match="--resume"):
-            rlep.main(command)
-    rlep.base_scores.clear()  # validated afresh, as a new process does
-    main_in_process(command + ["--resume"])
+            rlep.main(tiny_args(out, cache_dir))
+    main_in_process(tiny_args(out, cache_dir, "--resume"))
     for run in (out, cut):
         for part in ("phase1", "phase2"):
             assert_same_weights(checkpoints.checkpoint_path(str(run / part), 4),
@@ -371,8 +371,7 @@ def test_a_two_rank_run_resumes_on_one_rank(tmp_path, cache_dir, two_rank_run, t
     shutil.copytree(two_rank_run / "phase1", out / "phase1",
                     ignore=shutil.ignore_patterns("step_000004"))
     shutil.copy(two_rank_run / "config.json", out / "config.json")
-    main_in_process(["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir),
-                     "--no-share_prompts", "--phase", "1", "--resume"])
+    main_in_process(tiny_args(out, cache_dir, "--no-share_prompts", "--phase", "1", "--resume"))
     assert [r["step"] for r in read_jsonl(out / "phase1" / "metrics.jsonl")] == [0, 1, 2, 3, 4]
     one, two = (checkpoints.checkpoint_path(str(run / "phase1"), 4) for run in (out, two_rank_run))
     # float rounding only: the same moments, the same steps
@@ -386,9 +385,9 @@ def test_an_empty_pool_stops_before_phase_two(tmp_path, cache_dir, tiny_run, mai
     shutil.copy(tiny_run / "config.json", out / "config.json")
     # no prompt has all K answers right at T = 2; changed values need --override
     with pytest.raises(RunStopped, match="empty experience pool"):
-        main_in_process(["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
-                         str(cache_dir), "--resume", "--phase", "all", "--collect_temperature",
-                         "2", "--min_successes", "16", "--override"])
+        main_in_process(tiny_args(out, cache_dir, "--resume", "--phase", "all",
+                                  "--collect_temperature", "2", "--min_successes", "16",
+                                  "--override"))
     assert not (out / "phase2").exists() and not (out / "collect" / "pool.jsonl").exists()
 
 
