@@ -10,7 +10,7 @@ each line where the paper's method differs from DAPO (grep RLEP).
 
 Run:
     python rlep.py                  # preset cpu: SmolLM2-135M on arithmetic, CPU only
-    python rlep.py --preset tiny    # a tiny random model, seconds a step (the tests')
+    python rlep.py --preset tiny    # a tiny Qwen2 taught the answer format, a minute (the tests')
     python rlep.py --preset gpu     # one 80 GB GPU, 1.5B, an afternoon (docs/gpu.md)
     torchrun --standalone --nproc_per_node=8 rlep.py --preset node    # one node, an evening
 Every Config field is a flag (`--lr 2e-6`); `--phase 2 --pool FILE` runs one part;
