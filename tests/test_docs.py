@@ -77,8 +77,8 @@ def test_each_command_s_flags_are_its_script_s(guide):
         # a study's or benchmark's own flags, then `--` and rlep.py's
         own, _, passed = rest.partition(" -- ")
         for words, takes in ((own, flags), (passed, script_flags("rlep.py"))):
-            wrong += [f"{script} --{flag}" for flag in re.findall(r"(?<![\w-])--([a-z][\w-]*)", words)
-                      if flag not in takes]
+            given = re.findall(r"(?<![\w-])--([a-z][\w-]*)", words)
+            wrong += [f"{script} --{flag}" for flag in given if flag not in takes]
     assert not wrong, f"{guide}: {wrong}"
 
 
@@ -90,8 +90,8 @@ def wrong_citations(text: str) -> list:
             if module in modules and name not in extensions | {"py", "md"} \
                     and name not in defined_names(modules[module]):
                 wrong.append(f"{module}.{name}")
-    paths = set(re.findall(r"(?<![\w/.-])((?:docs|tests|tools|benchmarks|studies|machinery|notebook)"
-                           r"/[\w/.-]+\.(?:py|md|ipynb|png))", text))
+    folders = "docs|tests|tools|benchmarks|studies|machinery|notebook"
+    paths = set(re.findall(rf"(?<![\w/.-])((?:{folders})/[\w/.-]+\.(?:py|md|ipynb|png))", text))
     wrong += [p for p in paths if not os.path.exists(os.path.join(root, p))
               and not os.path.exists(os.path.join(root, "docs", p))]
     return sorted(set(wrong))
