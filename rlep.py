@@ -245,6 +245,12 @@ def parse_config(argv=None) -> Config:
         parser.error("--share_prompts needs --micro_batch_tokens 0")
     if cfg.wandb_project and importlib.util.find_spec("wandb") is None:
         parser.error("--wandb_project: wandb is not installed (pip install wandb)")
+    # a GPU image may lack them (benchmarks/bench_trainer.py needs none of them)
+    missing = [m for m in ("vllm", "pydantic", "latex2sympy2_extended")
+               if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"{missing[0]} is not installed: pip install -r requirements.txt (on a "
+                        "CPU, requirements-cpu.txt)")
     return cfg
 
 

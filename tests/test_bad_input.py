@@ -793,3 +793,17 @@ def test_the_context_is_vllms_own_rope_scaling_included(tmp_path, tiny_model, ro
             preflight.check_context(cfg, AutoConfig.from_pretrained(folder))
     else:
         preflight.check_context(cfg, AutoConfig.from_pretrained(folder))
+
+
+@pytest.mark.parametrize("package", ["vllm", "pydantic"])
+def test_a_missing_package_is_one_line_naming_it_before_anything_is_written(tmp_path, monkeypatch,
+                                                                           package):
+    """The GPU image a machine may be lent with lacks vLLM and pydantic: a run says so first."""
+    find_spec = rlep.importlib.util.find_spec
+    monkeypatch.setattr(rlep.importlib.util, "find_spec",
+                        lambda name: None if name == package else find_spec(name))
+    with pytest.raises(UserError) as error:
+        rlep.main(["--preset", "tiny", "--out_dir", str(tmp_path / "run")])
+    assert str(error.value) == (f"{package} is not installed: pip install -r requirements.txt "
+                                "(on a CPU, requirements-cpu.txt)")
+    assert not (tmp_path / "run").exists()
