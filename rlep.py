@@ -1128,11 +1128,10 @@ def main(argv=None):
                       val_rows)  # RLEP
     except BaseException as error:
         # After an error, no wake (it would ask for the memory again and hide the error). A rank's
-        # own failure under torchrun, no shutdown either: it tears down the process group, which
-        # can wait for ranks stuck in a collective; the rank ends at once (__main__:
-        # ranks.end_on_failure). A stop says where it stopped first (vLLM's exit handler shuts
-        # down).
-        failed = d.distributed and not isinstance(error, (UserError, KeyboardInterrupt))
+        # stop under torchrun, no shutdown either: it tears down the process group, which can
+        # wait for ranks stuck in a collective; the rank ends at once (__main__: ranks.end_rank).
+        # A stop says where it stopped first (vLLM's exit handler shuts down).
+        failed = d.distributed and not isinstance(error, KeyboardInterrupt)
         if not (failed or interrupts.stop["why"]):
             engine.shutdown()
         raise
@@ -1154,17 +1153,19 @@ if __name__ == "__main__":
     interrupts.catch_stops("rlep.py")  # main runs: a stop raises there, at a safe point
     try:
         main()
-    except UserError as e:  # bad input, before anything is written: one line
+    except (UserError, RunStopped) as e:
+        # under torchrun: one line naming the rank, the rank's end at once (torchrun then ends the
+        # others, which may wait in a collective for this rank alone)
+        ranks.end_rank(e)
+        # bad input, before anything is written (exit 2); a run that cannot go on, what is saved
+        # stays (exit 1): one line
         print(f"rlep.py: {e}", file=sys.stderr)
-        sys.exit(2)
-    except RunStopped as e:  # a run that cannot go on: one line; what is saved stays
-        print(f"rlep.py: {e}", file=sys.stderr)
-        sys.exit(1)
+        sys.exit(2 if isinstance(e, UserError) else 1)
     except (KeyboardInterrupt, Exception) as e:
         if isinstance(e, Exception):
-            # under torchrun: its traceback, a line naming the rank, the rank's end at once
-            # (torchrun then ends the others); a plain process goes on
-            ranks.end_on_failure(e)
+            # under torchrun: its traceback, a line naming the rank, the rank's end at once; a
+            # plain process goes on
+            ranks.end_rank(e)
         # a stop's line and exit; other errors go on, with their traceback
         interrupts.end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
     finally:

@@ -412,8 +412,9 @@ def test_a_refusal_on_rank_0_stops_both_ranks(tmp_path, cache_dir):
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode != 0
     assert time.time() - start < 120, "a rank waited for the other"
-    line = f"rlep.py: --out_dir {out}: 0.0 B free"
-    lines = [x for x in result.stderr.splitlines() if x.startswith(line)]
+    # each rank's stop under torchrun: one line naming it (ranks.end_rank)
+    line = re.compile(rf"rlep\.py: rank [01] stopped: --out_dir {re.escape(str(out))}: 0\.0 B free")
+    lines = [x for x in result.stderr.splitlines() if line.match(x)]
     # both ranks print it (torchrun may stop the second before it does)
     assert 1 <= len(lines) <= 2 and "need" in lines[0], result.stderr[-3000:]
     assert "exitcode  : 2" in result.stderr
