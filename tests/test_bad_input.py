@@ -808,3 +808,23 @@ def test_a_missing_package_is_one_line_naming_it_before_anything_is_written(tmp_
     assert str(error.value) == (f"{package} is not installed: pip install -r requirements.txt "
                                 "(on a CPU, requirements-cpu.txt)")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("cuda, needs", [
+    (None, "is built without CUDA: pip install -r requirements.txt"),
+    ("13.0", "is built for CUDA 13.0 and finds no working GPU: CUDA 13.0 needs NVIDIA driver 580 "
+             "or later (nvidia-smi shows the driver)"),
+    ("12.8", "is built for CUDA 12.8 and finds no working GPU: CUDA 12.8 needs a driver that "
+             "supports CUDA 12.8 (nvidia-smi shows the driver)")])
+@pytest.mark.parametrize("preset", ["gpu", "node"])
+def test_a_gpu_preset_where_cuda_does_not_work_is_one_line_before_anything_is_written(
+        tmp_path, monkeypatch, preset, cuda, needs):
+    """This machine has no GPU: a GPU preset is refused, naming torch's CUDA and the driver it
+    needs, where the ranks would have fallen back to the CPU."""
+    assert not torch.cuda.is_available()
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    with pytest.raises(UserError) as error:
+        rlep.main(["--preset", preset, "--out_dir", str(tmp_path / "run"), "--cache_dir",
+                   str(tmp_path / "cache")])
+    assert str(error.value) == f"--preset {preset}: torch {torch.__version__} {needs}"
+    assert not os.listdir(tmp_path)
