@@ -171,6 +171,7 @@ def push_weights(rank, model_path):
     policy, _ = rlep.build_policy(model_path, cfg, d)
     engine = vllm_engine.Engine.__new__(vllm_engine.Engine)  # what full_weights reads of one
     engine.dtype = torch.bfloat16
+    engine.sleeps = True  # a GPU's push: FSDP2's parameters, each once
     gathered = []
     full_tensor = DTensor.full_tensor
 
