@@ -246,11 +246,10 @@ def parse_config(argv=None) -> Config:
     if cfg.wandb_project and importlib.util.find_spec("wandb") is None:
         parser.error("--wandb_project: wandb is not installed (pip install wandb)")
     # a GPU image may lack them (benchmarks/bench_trainer.py needs none of them)
-    missing = [m for m in ("vllm", "pydantic", "latex2sympy2_extended")
-               if importlib.util.find_spec(m) is None]
-    if missing:
-        raise UserError(f"{missing[0]} is not installed: pip install -r requirements.txt (on a "
-                        "CPU, requirements-cpu.txt)")
+    for name in ("vllm", "pydantic", "latex2sympy2_extended"):
+        if importlib.util.find_spec(name) is None:
+            raise UserError(f"{name} is not installed: pip install -r requirements.txt (on a "
+                            "CPU, requirements-cpu.txt)")
     return cfg
 
 
@@ -1153,19 +1152,15 @@ if __name__ == "__main__":
     interrupts.catch_stops("rlep.py")  # main runs: a stop raises there, at a safe point
     try:
         main()
-    except (UserError, RunStopped) as e:
-        # under torchrun: one line naming the rank, the rank's end at once (torchrun then ends the
-        # others, which may wait in a collective for this rank alone)
-        ranks.end_rank(e)
-        # bad input, before anything is written (exit 2); a run that cannot go on, what is saved
-        # stays (exit 1): one line
-        print(f"rlep.py: {e}", file=sys.stderr)
-        sys.exit(2 if isinstance(e, UserError) else 1)
     except (KeyboardInterrupt, Exception) as e:
-        if isinstance(e, Exception):
-            # under torchrun: its traceback, a line naming the rank, the rank's end at once; a
-            # plain process goes on
-            ranks.end_rank(e)
+        # under torchrun, any stop but Ctrl-C: one line naming the rank, the rank's end at once
+        # (torchrun then ends the others, which may wait in a collective for this rank alone)
+        ranks.end_rank(e)
+        if isinstance(e, (UserError, RunStopped)):
+            # bad input, before anything is written (exit 2); a run that cannot go on, what is
+            # saved stays (exit 1): one line
+            print(f"rlep.py: {e}", file=sys.stderr)
+            sys.exit(2 if isinstance(e, UserError) else 1)
         # a stop's line and exit; other errors go on, with their traceback
         interrupts.end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
     finally:

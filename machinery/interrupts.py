@@ -59,8 +59,7 @@ def end_rank_on_sigterm():
     --timeout_minutes). Python's C handler writes the signal's number to the wakeup fd at once;
     a thread reading it ends the process (the handler itself, where the fd was taken over)."""
     def end(*_):
-        print(f"{os.path.basename(sys.argv[0])}: rank {os.environ['RANK']} stopped: SIGTERM",
-              file=sys.stderr, flush=True)
+        print(f"rlep.py: rank {os.environ['RANK']} stopped: SIGTERM", file=sys.stderr, flush=True)
         os._exit(143)
 
     def wait(read):
