@@ -245,6 +245,11 @@ def parse_config(argv=None) -> Config:
         parser.error("--share_prompts needs --micro_batch_tokens 0")
     if cfg.wandb_project and importlib.util.find_spec("wandb") is None:
         parser.error("--wandb_project: wandb is not installed (pip install wandb)")
+    # a GPU image may lack them (benchmarks/bench_trainer.py needs none of them)
+    for name in ("vllm", "pydantic", "latex2sympy2_extended"):
+        if importlib.util.find_spec(name) is None:
+            raise UserError(f"{name} is not installed: pip install -r requirements.txt (on a "
+                            "CPU, requirements-cpu.txt)")
     return cfg
 
 
@@ -1122,11 +1127,10 @@ def main(argv=None):
                       val_rows)  # RLEP
     except BaseException as error:
         # After an error, no wake (it would ask for the memory again and hide the error). A rank's
-        # own failure under torchrun, no shutdown either: it tears down the process group, which
-        # can wait for ranks stuck in a collective; the rank ends at once (__main__:
-        # ranks.end_on_failure). A stop says where it stopped first (vLLM's exit handler shuts
-        # down).
-        failed = d.distributed and not isinstance(error, (UserError, KeyboardInterrupt))
+        # stop under torchrun, no shutdown either: it tears down the process group, which can
+        # wait for ranks stuck in a collective; the rank ends at once (__main__: ranks.end_rank).
+        # A stop says where it stopped first (vLLM's exit handler shuts down).
+        failed = d.distributed and not isinstance(error, KeyboardInterrupt)
         if not (failed or interrupts.stop["why"]):
             engine.shutdown()
         raise
@@ -1148,17 +1152,15 @@ if __name__ == "__main__":
     interrupts.catch_stops("rlep.py")  # main runs: a stop raises there, at a safe point
     try:
         main()
-    except UserError as e:  # bad input, before anything is written: one line
-        print(f"rlep.py: {e}", file=sys.stderr)
-        sys.exit(2)
-    except RunStopped as e:  # a run that cannot go on: one line; what is saved stays
-        print(f"rlep.py: {e}", file=sys.stderr)
-        sys.exit(1)
     except (KeyboardInterrupt, Exception) as e:
-        if isinstance(e, Exception):
-            # under torchrun: its traceback, a line naming the rank, the rank's end at once
-            # (torchrun then ends the others); a plain process goes on
-            ranks.end_on_failure(e)
+        # under torchrun, any stop but Ctrl-C: one line naming the rank, the rank's end at once
+        # (torchrun then ends the others, which may wait in a collective for this rank alone)
+        ranks.end_rank(e)
+        if isinstance(e, (UserError, RunStopped)):
+            # bad input, before anything is written (exit 2); a run that cannot go on, what is
+            # saved stays (exit 1): one line
+            print(f"rlep.py: {e}", file=sys.stderr)
+            sys.exit(2 if isinstance(e, UserError) else 1)
         # a stop's line and exit; other errors go on, with their traceback
         interrupts.end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
     finally:

@@ -14,6 +14,7 @@ docstring says which fields of a sample or a config a function reads).
     fsdp          the policy's weights on the devices: the dtype, rank 0's read, FSDP2's shards
     planner       the update's plan: micro-batches dealt to the ranks as rows, FSDP2's lockstep
     data          data rows and pool files, read and checked row by row
+    schema        a data row's fields, checked by pydantic (imported where rows are read)
     hub           names on the Hugging Face hub (models, dataset files): fetched once, their commit
     builtin       the small presets' built-in tasks and models, made here
     files         files written whole, JSONL, config.json, the run folder's lock

@@ -6,6 +6,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 
 
 def stop_line(why: str, cfg, argv: list, where: str) -> str:
@@ -29,24 +30,47 @@ def stop_line(why: str, cfg, argv: list, where: str) -> str:
             f"with: {launcher} {command}")
 
 
-# A stop (Ctrl-C, SIGTERM) of a plain `python rlep.py` (torchrun's ranks keep Python's default:
-# SIGTERM ends a rank stuck in a collective) raises KeyboardInterrupt at once, but not inside a
-# save: torch's checkpoint code would wrap it in another error and leave half a checkpoint, so the
-# stop waits for the save's end. "why": the stop asked for, seen at the next step or chunk
-# (stop_if_asked) where a raise got lost (caught in a __del__); "deferred": inside a save;
-# "script": the script whose main runs (raising: its main catches the stop); before that, during
-# the imports, a stop ends the process at once in one line.
+# A stop (Ctrl-C, SIGTERM) of a plain `python rlep.py` (a torchrun rank's SIGTERM ends it at
+# once: end_rank_on_sigterm) raises KeyboardInterrupt at once, but not inside a save: torch's
+# checkpoint code would wrap it in another error and leave half a checkpoint, so the stop waits
+# for the save's end. "why": the stop asked for, seen at the next step or chunk (stop_if_asked)
+# where a raise got lost (caught in a __del__); "deferred": inside a save; "script": the script
+# whose main runs (raising: its main catches the stop); before that, during the imports, a stop
+# ends the process at once in one line.
 stop = {"why": "", "deferred": False, "script": ""}
 
 
 def catch_stops(script: str = ""):
     """ask_to_stop for Ctrl-C and SIGTERM, in a plain process, from a script's first line (its
-    imports take seconds); torchrun's ranks keep Python's default (SIGTERM ends a rank stuck in a
-    collective). With `script`, its main has started: a stop raises there."""
+    imports take seconds); a torchrun rank's SIGTERM ends it at once, in one line naming it
+    (end_rank_on_sigterm), and its Ctrl-C keeps Python's default. With `script`, its main has
+    started: a stop raises there."""
     stop["script"] = script
     if "RANK" not in os.environ:
         signal.signal(signal.SIGINT, ask_to_stop)
         signal.signal(signal.SIGTERM, ask_to_stop)
+    elif not script:
+        end_rank_on_sigterm()
+
+
+def end_rank_on_sigterm():
+    """Under torchrun, SIGTERM on a rank: one line naming it, and its end at once, also while it
+    waits in a collective, where a Python handler would run only once the call returns (for up to
+    --timeout_minutes). Python's C handler writes the signal's number to the wakeup fd at once;
+    a thread reading it ends the process (the handler itself, where the fd was taken over)."""
+    def end(*_):
+        print(f"rlep.py: rank {os.environ['RANK']} stopped: SIGTERM", file=sys.stderr, flush=True)
+        os._exit(143)
+
+    def wait(read):
+        while os.read(read, 1)[0] != signal.SIGTERM:  # Ctrl-C's, here for KeyboardInterrupt
+            pass
+        end()
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    signal.set_wakeup_fd(write)
+    signal.signal(signal.SIGTERM, end)
+    threading.Thread(target=wait, args=(read,), daemon=True).start()
 
 
 def ask_to_stop(signum, frame):

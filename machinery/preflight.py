@@ -18,6 +18,8 @@ import string
 import sys
 from dataclasses import asdict
 
+import torch
+
 from machinery import UserError
 from machinery.checkpoints import checkpoint_path, check_resume, damage, latest_checkpoint
 from machinery.data import load_pool
@@ -97,6 +99,7 @@ def check_config(cfg, world_size: int = 1) -> list[str]:
     (UserError, one line); return a warning line for each legal but surprising one. cfg: the
     run's config, a dataclass whose fields are the flags. Every rank decides alike: nothing but
     the command is read, and the cache folder (where a built-in model is made first)."""
+    check_cuda(cfg.preset)
     check_ranges(asdict(cfg), number_ranges)
     check_template(cfg.prompt_template)
     for flag in ("out_dir", "cache_dir"):
@@ -123,6 +126,21 @@ def check_config(cfg, world_size: int = 1) -> list[str]:
         warnings.append(f"--replay_m {cfg.replay_m} > --n {cfg.n}: a group holds more "
                         "replays than fresh rollouts")
     return warnings
+
+
+def check_cuda(preset: str):
+    """A GPU preset where CUDA does not work (no GPU, a driver older than torch's CUDA, a CPU
+    build of torch) is refused: the ranks would fall back to the CPU in silence."""
+    if preset not in ("gpu", "node", "paper") or torch.cuda.is_available():
+        return
+    cuda, torch_version = torch.version.cuda, f"--preset {preset}: torch {torch.__version__}"
+    if not cuda:
+        raise UserError(f"{torch_version} is built without CUDA: pip install -r requirements.txt")
+    # CUDA 13's wheels need driver 580 (NVIDIA's CUDA toolkit release notes)
+    driver = "NVIDIA driver 580 or later" if cuda.startswith("13.") else \
+        f"a driver that supports CUDA {cuda}"
+    raise UserError(f"{torch_version} is built for CUDA {cuda} and finds no working GPU: CUDA "
+                    f"{cuda} needs {driver} (nvidia-smi shows the driver)")
 
 
 def check_template(template: str, flag: str = "--prompt_template"):

@@ -3,7 +3,7 @@ the same names (one rank). Rank 0 decides what every rank must agree on (rank0_d
 broadcast of its answer, or of the error it raised); the ranks gather small lists (a step's sizes
 and counts), bring results to rank 0, which alone writes files, and exchange training rows (one
 all-to-all a step: each rank receives the rows planned for it). A rank's unexpected error ends
-the job at once (end_on_failure).
+the job at once (end_rank).
 
 Object collectives cost what they carry: `rank0_decides` broadcasts rank 0's answer once
 (torch's all_gather_object would pad every rank's copy to the largest and hand each rank all W of
@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
+
+from machinery import RunStopped, UserError
 
 
 class Dist(NamedTuple):
@@ -50,19 +52,24 @@ def setup_distributed(timeout_minutes: int = 180) -> Dist:
     return Dist(True, rank, world_size, device, rank == 0)
 
 
-def end_on_failure(error: Exception):
-    """A rank's unexpected error under torchrun: its traceback and one line naming the rank, then
-    the process ends at once, before any teardown. vLLM's shutdown and destroy_process_group can
-    wait on ranks stuck in a collective (NCCL's abort: pytorch#132696), and while this rank lives
-    torchrun leaves the others waiting in their collective for up to --timeout_minutes; its exit
-    makes torchrun end them. A plain process: nothing (the error goes on)."""
-    if "RANK" not in os.environ:
+def end_rank(error: BaseException):
+    """A rank's stop under torchrun, of any kind but Ctrl-C (every rank's; rank 0 says where it
+    stopped): bad input (exit 2), a run that cannot go on (exit 1), an unexpected error (its
+    traceback first, exit 1); SIGTERM's is interrupts.end_rank_on_sigterm. One line naming the
+    rank, then the process ends at once, before any teardown: the stop may be this rank's alone (a
+    full disk in rank 0's save while the others wait in a barrier), vLLM's shutdown and
+    destroy_process_group can wait on ranks stuck in a collective (NCCL's abort: pytorch#132696),
+    and while this rank lives torchrun leaves the others waiting for up to --timeout_minutes; its
+    exit makes torchrun end them. A plain process: nothing (the caller's one line, or the error
+    goes on)."""
+    if "RANK" not in os.environ or isinstance(error, KeyboardInterrupt):
         return
-    traceback.print_exception(error)
-    message = (str(error).splitlines() or [""])[0]
-    print(f"rlep.py: rank {os.environ['RANK']} failed: {type(error).__name__}: {message}",
-          file=sys.stderr, flush=True)
-    os._exit(1)
+    line = f"stopped: {error}"
+    if not isinstance(error, (UserError, RunStopped)):
+        traceback.print_exception(error)
+        line = f"failed: {type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+    print(f"rlep.py: rank {os.environ['RANK']} {line}", file=sys.stderr, flush=True)
+    os._exit(2 if isinstance(error, UserError) else 1)
 
 
 def gather_lists(items: list, d: Dist) -> list:

@@ -100,8 +100,12 @@ class Engine:
     def full_weights(self, model, pushed: dict):
         """(name, full tensor in the engine's dtype), one at a time; `pushed` gets each engine
         parameter's [elements, float64 sum]."""
-        # tied weights too: a level-2 sleep dropped them all
-        for name, tensor in model.state_dict().items():
+        # A tied head (tie_word_embeddings) is the embedding's parameter, in vLLM too: on a GPU
+        # each parameter goes once (named_parameters; 0.47 GB a push less for 1.5B, whose
+        # lm_head.weight vLLM's loader skips). vLLM-CPU's head keeps a repacked copy of its own,
+        # remade only when lm_head.weight arrives: there state_dict, tied weights twice.
+        weights = model.named_parameters() if self.sleeps else model.state_dict().items()
+        for name, tensor in weights:
             # the shard cast, then gathered: the cast is elementwise, so the same bits as gathering
             # first, in half the bytes for bf16 (15 GB a push for 7B, not 30.5)
             full = tensor.detach().to(self.dtype)

@@ -412,8 +412,9 @@ def test_a_refusal_on_rank_0_stops_both_ranks(tmp_path, cache_dir):
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode != 0
     assert time.time() - start < 120, "a rank waited for the other"
-    line = f"rlep.py: --out_dir {out}: 0.0 B free"
-    lines = [x for x in result.stderr.splitlines() if x.startswith(line)]
+    # each rank's stop under torchrun: one line naming it (ranks.end_rank)
+    line = re.compile(rf"rlep\.py: rank [01] stopped: --out_dir {re.escape(str(out))}: 0\.0 B free")
+    lines = [x for x in result.stderr.splitlines() if line.match(x)]
     # both ranks print it (torchrun may stop the second before it does)
     assert 1 <= len(lines) <= 2 and "need" in lines[0], result.stderr[-3000:]
     assert "exitcode  : 2" in result.stderr
@@ -793,3 +794,37 @@ def test_the_context_is_vllms_own_rope_scaling_included(tmp_path, tiny_model, ro
             preflight.check_context(cfg, AutoConfig.from_pretrained(folder))
     else:
         preflight.check_context(cfg, AutoConfig.from_pretrained(folder))
+
+
+@pytest.mark.parametrize("package", ["vllm", "pydantic"])
+def test_a_missing_package_is_one_line_naming_it_before_anything_is_written(tmp_path, monkeypatch,
+                                                                           package):
+    """The GPU image a machine may be lent with lacks vLLM and pydantic: a run says so first."""
+    find_spec = rlep.importlib.util.find_spec
+    monkeypatch.setattr(rlep.importlib.util, "find_spec",
+                        lambda name: None if name == package else find_spec(name))
+    with pytest.raises(UserError) as error:
+        rlep.main(["--preset", "tiny", "--out_dir", str(tmp_path / "run")])
+    assert str(error.value) == (f"{package} is not installed: pip install -r requirements.txt "
+                                "(on a CPU, requirements-cpu.txt)")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("cuda, needs", [
+    (None, "is built without CUDA: pip install -r requirements.txt"),
+    ("13.0", "is built for CUDA 13.0 and finds no working GPU: CUDA 13.0 needs NVIDIA driver 580 "
+             "or later (nvidia-smi shows the driver)"),
+    ("12.8", "is built for CUDA 12.8 and finds no working GPU: CUDA 12.8 needs a driver that "
+             "supports CUDA 12.8 (nvidia-smi shows the driver)")])
+@pytest.mark.parametrize("preset", ["gpu", "node"])
+def test_a_gpu_preset_where_cuda_does_not_work_is_one_line_before_anything_is_written(
+        tmp_path, monkeypatch, preset, cuda, needs):
+    """This machine has no GPU: a GPU preset is refused, naming torch's CUDA and the driver it
+    needs, where the ranks would have fallen back to the CPU."""
+    assert not torch.cuda.is_available()
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    with pytest.raises(UserError) as error:
+        rlep.main(["--preset", preset, "--out_dir", str(tmp_path / "run"), "--cache_dir",
+                   str(tmp_path / "cache")])
+    assert str(error.value) == f"--preset {preset}: torch {torch.__version__} {needs}"
+    assert not os.listdir(tmp_path)

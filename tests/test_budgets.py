@@ -37,10 +37,15 @@ training_path = ["rlep.py"] + sorted(os.path.relpath(path, root) for path in
 # training rows, the folders, W&B's login; checkpoints' records and their check; the stop of a
 # diverged run and of a full disk, each in one line.
 # Raised to 24,100 (+441): a wake before a normal end's shutdown, a rank's failure ending
-# the job at once (ranks.end_on_failure), the first steps' ends and capped share; the gpu preset
+# the job at once (ranks.end_rank), the first steps' ends and capped share; the gpu preset
 # (one GPU), --train_prompts (the fixed subset of D it trains on) and the collection's chunks in
 # sequences a rank (--collect_chunk).
-max_code_tokens = 24100
+# Raised to 24,180 (+80, issue 65): a stop of any kind on one torchrun rank ends every rank in one
+# line naming it (ranks.end_rank for every kind, a SIGTERM thread that wakes while the rank waits
+# in a collective), a GPU preset without working CUDA refused naming the driver it needs, a run
+# without vLLM, pydantic or the LaTeX parser refused naming it; the rows' pydantic schema in a
+# module of its own, imported where rows are read (import rlep needs no pydantic).
+max_code_tokens = 24180
 
 
 def read_lines(name):

@@ -96,8 +96,8 @@ def test_a_push_that_misses_a_parameter_fails_loudly(sleeping, tiny_model):
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
 
     class Skipping(torch.nn.Module):  # e.g. a parameter the trainer renamed or did not own
-        def state_dict(self):
-            return {k: v for k, v in model.state_dict().items() if k != "model.norm.weight"}
+        def named_parameters(self):  # what a GPU's push reads (vllm_engine.full_weights)
+            return [(k, v) for k, v in model.named_parameters() if k != "model.norm.weight"]
     sleeping.sleep()
     with pytest.raises(RuntimeError, match=r"in model\.norm\.weight: a parameter the push missed"):
         sleeping.push(Skipping())

