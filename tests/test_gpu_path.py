@@ -142,3 +142,32 @@ def test_main_wakes_the_engine_before_shutdown_at_a_normal_end_and_not_after_an_
     after = ["shutdown (asleep: ['kv_cache', 'weights'])"] if fails else [
         "wake all", "shutdown (asleep: [])"]
     assert calls[last_sleep + 1:] == after
+
+
+def test_the_gpu_smoke_run_in_its_tiny_form_goes_through_the_whole_gpu_path(
+        sleeping, tiny_model, tmp_path, monkeypatch):
+    """docs/gpu.md's smoke run (phase one and a save in one process; the resume, the collection
+    and phase two in a second), on the tiny preset through the GPU's call sequence: every push
+    wakes the engine from a level-2 sleep, the collection's checkpoint is read into it while its
+    weights sleep no more, phase two replays, and each process ends awake before its shutdown."""
+    monkeypatch.setattr(rlep, "build_engine", lambda *args: sleeping)
+    monkeypatch.setattr(rlep, "base_scores", {})
+    out = tmp_path / "smoke"
+    smoke = ["--preset", "tiny", "--model_path", tiny_model, "--out_dir", str(out),
+             "--phase1_steps", "2", "--collect_step", "2", "--phase2_steps", "2",
+             "--val_every", "2", "--val_k", "1", "--save_every", "2"]
+    rlep.main(smoke + ["--phase", "1"])
+    assert not (out / "collect").exists() and (out / "phase1" / "step_000002").is_dir()
+    calls = sleeping.llm.calls
+    first = len(calls)
+    assert calls[-2:] == ["wake all", "shutdown (asleep: [])"]
+    rlep.main(smoke + ["--resume"])
+    second = calls[first:]
+    push = ["wake weights", "reload_weights", "wake kv_cache"]
+    # the resume's first push is the collection's checkpoint, read from disk into a sleeping engine
+    assert second[:4] == ["sleep 2"] + push
+    assert second[-2:] == ["wake all", "shutdown (asleep: [])"]
+    phase2 = [json.loads(line) for line in open(out / "phase2" / "metrics.jsonl")]
+    assert [m["step"] for m in phase2] == [0, 1, 2]
+    assert all(m["replay_frac"] > 0 and m["logprob_gap_max"] < 1e-4 for m in phase2[1:])
+    assert (out / "collect" / "pool.jsonl").is_file() and (out / "phase2" / "step_000002").is_dir()
