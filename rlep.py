@@ -918,7 +918,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         counts = ranks.gather_lists([my_counts], d)
         # after stats: step_record's all-rank token counts win
         record = {"step": step + 1, "lr": lr, **stats, **metrics.step_record(counts), **meter,
-                  **times}
+                  **times, **fsdp.peak_memory(d.device)}
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
             record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1))
 
@@ -1116,6 +1116,8 @@ def main(argv=None):
     engine = build_engine(cfg, model_path, d)
     # free the GPU for the trainer; the first push wakes it
     engine.sleep()
+    if d.master_process:
+        print(engine.memory_line(), flush=True)
     try:
         if cfg.phase in ("all", "1"):
             rows = given_pool if baseline_on_pool else train_rows

@@ -75,6 +75,14 @@ def weights_finite(model: torch.nn.Module) -> bool:
     return bool(finite.item())
 
 
+def peak_memory(device: torch.device) -> dict:
+    """On a GPU, torch's peak allocation so far on this rank in GiB (the first step's: the
+    update's, against the preset's estimate); {} on a CPU."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_gib": torch.cuda.max_memory_allocated(device) / 2**30}
+
+
 def linear_gflops(dtype: str, model_path: str, tokens: int = 1024) -> float:
     """GFLOP/s of a forward and backward through the model's MLP up-projection on the CPU, as the
     trainer runs it: float32 weights, bf16 through autocast."""

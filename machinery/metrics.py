@@ -82,7 +82,8 @@ first_steps = 3
 
 def log_step(part: str, step: int, steps: int, record: dict):
     keys = ("reward_mean", "acc_fresh", "response_len", "replay_frac", "rescued", "clip_frac",
-            "ratio_max", "grad_norm", "logprob_gap_max", "val_acc", "t_generation", "t_training")
+            "ratio_max", "grad_norm", "logprob_gap_max", "val_acc", "t_generation", "t_training",
+            "peak_gib")
     shown = [f"{k} {record[k]:.3g}" for k in keys if k in record]
     if record.get("gen_capped"):  # --max_gen_rounds: dropped groups fill the step
         shown.append(f"capped: {record['kept_groups']} groups mixed")

@@ -76,6 +76,21 @@ class Engine:
         if self.sleeps:
             self.llm.sleep(level=2)
 
+    def memory_line(self) -> str:
+        """The KV cache vLLM sized (its own log line, hidden by default), in tokens and GiB, and
+        on a GPU the memory left free while it sleeps: the first figures to hold against the
+        preset's estimate (docs/gpu.md: the first GPU hour)."""
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        text = self.llm.llm_engine.model_config.hf_text_config
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        tokens = cache.num_gpu_blocks * cache.block_size
+        # K and V, per layer and KV head
+        size = tokens * 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim
+        line = f"vLLM: KV cache {tokens:,} tokens, {size * self.dtype.itemsize / 2**30:.1f} GiB"
+        if torch.cuda.is_available():
+            line += f"; asleep, {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB of the GPU free"
+        return line
+
     def push(self, model: torch.nn.Module = None, path: str = None):
         """The trainer's weights (a full tensor at a time, FSDP gathering each), or a checkpoint
         folder, loaded in place."""

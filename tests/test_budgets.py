@@ -41,12 +41,15 @@ training_path = ["rlep.py"] + sorted(os.path.relpath(path, root) for path in
 # the job at once (ranks.end_rank), the first steps' ends and capped share; the gpu preset
 # (one GPU), --train_prompts (the fixed subset of D it trains on) and the collection's chunks in
 # sequences a rank (--collect_chunk).
-# Raised to 24,180 (+80, issue 65): a stop of any kind on one torchrun rank ends every rank in one
+# Raised to 24,180 (+80): a stop of any kind on one torchrun rank ends every rank in one
 # line naming it (ranks.end_rank for every kind, a SIGTERM thread that wakes while the rank waits
 # in a collective), a GPU preset without working CUDA refused naming the driver it needs, a run
 # without vLLM, pydantic or the LaTeX parser refused naming it; the rows' pydantic schema in a
 # module of its own, imported where rows are read (import rlep needs no pydantic).
-max_code_tokens = 24180
+# Raised to 24,335 (+155): what the GPU holds, for the first GPU hour: vLLM's KV cache in tokens
+# and GiB and the memory free while it sleeps (Engine.memory_line), torch's peak on each step line
+# (fsdp.peak_memory).
+max_code_tokens = 24335
 
 
 def read_lines(name):

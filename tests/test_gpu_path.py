@@ -24,6 +24,7 @@ class SleepingLLM:
 
         class EngineProxy:
             model_config = llm.llm_engine.model_config
+            vllm_config = llm.llm_engine.vllm_config
 
             def is_sleeping(self):
                 return bool(outer.asleep)

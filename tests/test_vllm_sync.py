@@ -211,3 +211,14 @@ def test_a_tied_head_is_pushed_once_on_a_gpu_and_the_guard_passes(tmp_path, tiny
     assert "model.embed_tokens.weight" in pushed["gpu"]
     assert "lm_head.weight" not in pushed["gpu"]
     assert "lm_head.weight" in pushed["cpu"] and pushed["gap"] < 1e-4
+
+
+def test_the_memory_line_sizes_the_kv_cache_as_vllm_does(engine):
+    """Tokens and GiB from the blocks vLLM allotted and the model's shape: on the CPU, the GiB
+    vLLM was given (VLLM_CPU_KVCACHE_SPACE): a factor of K and V, layers, heads or dtype off
+    shows."""
+    _, engine = engine
+    cache = engine.llm.llm_engine.vllm_config.cache_config
+    tokens = cache.num_gpu_blocks * cache.block_size
+    assert engine.memory_line() == (f"vLLM: KV cache {tokens:,} tokens, "
+                                    f"{cache.kv_cache_memory_bytes / 2**30:.1f} GiB")
