@@ -426,6 +426,9 @@ class FinishedRunsEngine:
     def sleep(self):
         pass
 
+    def memory_line(self):
+        return "vLLM: a stand-in"
+
     def shutdown(self, wake=False):
         pass
 

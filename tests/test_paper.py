@@ -404,6 +404,9 @@ class StubEngine:
     def sleep(self):
         pass
 
+    def memory_line(self):
+        return "vLLM: a stand-in"
+
     def shutdown(self, wake=False):
         pass
 

@@ -35,6 +35,9 @@ class EngineStandIn:
     def sleep(self):
         pass
 
+    def memory_line(self):
+        return "vLLM: a stand-in"
+
     def shutdown(self, wake=False):
         pass
 
