@@ -10,7 +10,7 @@ import sys
 from importlib import metadata
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# what a lent GPU machine holds (issue 65): these distributions and what they require
+# what a lent GPU machine holds: these distributions and what they require
 image = ["torch", "transformers", "huggingface_hub", "safetensors", "filelock", "tqdm", "numpy",
          "scipy", "sympy", "matplotlib", "pandas", "pyarrow"]
 # and what it lacks though a requirement here names it (typer's pydantic)
