@@ -355,6 +355,37 @@ def check_folder(path: str, flag: str):
     check_writable(path, flag)
 
 
+def is_run(folder: str) -> bool:
+    """Whether a folder holds a run: a config.json of rlep.py's (a model's has no phase1_steps)."""
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            return "phase1_steps" in json.load(f)
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_one_run(out_dir: str):
+    """A run folder holds one run: none around it, none inside it (a run's pruning and its
+    leftovers' removal would delete the other without a word); and a folder with a run's parts
+    but no config.json, which says what values made them, is not run again."""
+    here = os.path.abspath(out_dir)
+    above = os.path.dirname(here)
+    while above != os.path.dirname(above):
+        if is_run(above):
+            raise UserError(f"--out_dir {out_dir}: inside the run in {above}: choose a folder "
+                            "outside it (its pruning would delete this one)")
+        above = os.path.dirname(above)
+    for root, _, names in os.walk(here):
+        if root != here and "config.json" in names and is_run(root):
+            raise UserError(f"--out_dir {out_dir}: holds the run in {root}: a run's folder holds "
+                            "one run; move it out, or choose another --out_dir")
+    parts = [p for p in ("phase1", "collect", "phase2") if os.path.exists(os.path.join(here, p))]
+    if parts and not os.path.isfile(os.path.join(here, "config.json")):
+        raise UserError(f"--out_dir {out_dir}: holds a run's {parts[0]}/ but no config.json, "
+                        "which says what values made it: restore it (a checkpoint's "
+                        "rlep_config.json holds them), or choose another --out_dir")
+
+
 def check_checkpoints(cfg):
     """The checkpoints this command reads are whole (checkpoints.damage): each part's newest,
     which a resume continues, and phase one's at collect_step, which the collection reads."""
@@ -401,6 +432,7 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
     or returns the saved config, the records of this command's changes for config.json, and
     the disk's line (printed once the run starts)."""
     check_folder(cfg.out_dir, "--out_dir")
+    check_one_run(cfg.out_dir)
     saved, config_path = {}, os.path.join(cfg.out_dir, "config.json")
     if os.path.isfile(config_path):
         if not cfg.resume:

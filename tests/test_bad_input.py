@@ -289,6 +289,15 @@ bad_inputs = [
      "damaged, trainer_state.pt holds 0 bytes, its record 25"),
     ("--resume, optimizer/ gone", ["--resume"], "run, optimizer gone",
      "damaged, optimizer/.metadata is missing"),
+    # a run folder is one run: pruning a run deletes what is inside it
+    ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
+     "/run/inner: inside the run in {out}"),
+    ("--out_dir holding another run's folder", [], "a run inside", "holds the run in {out}/old"),
+    # which values made them cannot be told
+    ("a run's parts without config.json", ["--lr", "0.01"], "run, config.json gone",
+     "/run: holds a run's phase1/ but no config.json"),
+    ("a run's parts without config.json, --resume", ["--resume"], "run, config.json gone",
+     "/run: holds a run's phase1/ but no config.json"),
 ]
 
 
@@ -307,13 +316,16 @@ def prepare(tmp_path, files, cache_dir, flags, state):
         step = out / "phase1" / "step_000002"
         damage = {"run, weights gone": lambda: os.remove(step / "model.safetensors"),
                   "run, state empty": lambda: os.truncate(step / "trainer_state.pt", 0),
-                  "run, optimizer gone": lambda: shutil.rmtree(step / "optimizer")}
+                  "run, optimizer gone": lambda: shutil.rmtree(step / "optimizer"),
+                  "run, config.json gone": lambda: os.remove(out / "config.json")}
         damage.get(state, lambda: None)()
+    elif state == "a run inside":
+        hold_a_run(out / "old", cache_dir)
     elif state == "link to nothing":
         os.symlink(tmp_path / "nothing", out)
     elif state == "loop of links":
         os.symlink(out, out)
-    flags = [f.replace(F, str(files)) for f in flags]
+    flags = [f.replace(F, str(files)).replace("{out}", str(out)) for f in flags]
     return out, ["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir), *flags]
 
 
@@ -332,7 +344,8 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, files, cache_
     if error.type is SystemExit:
         assert error.value.code == 2
         line = capsys.readouterr().err.strip()
-    assert message.replace(F, str(files)) in line and "\n" not in line
+    assert message.replace(F, str(files)).replace("{out}", str(out)) in line
+    assert "\n" not in line
     assert digest(out) == before
 
 
