@@ -210,6 +210,7 @@ def check_model(path: str, flag: str, end_token) -> tuple:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError) as e:  # an unknown model_type, a file not JSON
         raise UserError(f"{flag} {path}: its config.json: {first_line(e)}") from None
+    check_architecture(config, path, flag)
     check_weights(path, flag, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -228,6 +229,24 @@ def check_model(path: str, flag: str, end_token) -> tuple:
             raise UserError(f"{flag} {path}: {what}, {i}, is outside its vocabulary of {vocab} "
                             "(vocab_size in config.json): a tokenizer of another model?")
     return tokenizer, config
+
+
+def check_architecture(config, path: str, flag: str):
+    """vLLM builds the class config.json's `architectures` names, the trainer its model_type's: a
+    class of another model type (Llama over Qwen2's weights) loads without a word in vLLM, less
+    what it lacks (Qwen2's attention biases), and samples from another model than it trains.
+    A class transformers does not know (remote code) is not judged."""
+    from transformers.models.auto import modeling_auto
+    mappings = [getattr(modeling_auto, name) for name in dir(modeling_auto)
+                if name.endswith("_MAPPING_NAMES")]
+    for architecture in config.architectures or []:
+        types = {kind for mapping in mappings for kind, names in mapping.items()
+                 if architecture in ((names,) if isinstance(names, str) else names)}
+        if types and config.model_type not in types:
+            raise UserError(f"{flag} {path}: its config.json's architectures names "
+                            f"{architecture}, a {sorted(types)[0]} model, over model_type "
+                            f"{config.model_type}: vLLM would build {architecture} on these "
+                            "weights; a config of another model?")
 
 
 def first_line(error: BaseException) -> str:

@@ -77,6 +77,8 @@ def files(tmp_path_factory, tiny_model):
     config = json.loads((folder / "cut_weights" / "config.json").read_text())
     edited("unknown_type", "config.json", lambda text: json.dumps({**config, "model_type": "nope"}))
     edited("wrong_hidden", "config.json", lambda text: json.dumps({**config, "hidden_size": 32}))
+    edited("llama_over_qwen2", "config.json",
+           lambda text: json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
     edited("bad_index", "model.safetensors.index.json", lambda text: "{not json")
     edited("bad_template", "chat_template.jinja", lambda text: "{% for m in messages %}{{ m")
     edited("no_eos", "tokenizer_config.json",
@@ -289,6 +291,11 @@ bad_inputs = [
      "damaged, trainer_state.pt holds 0 bytes, its record 25"),
     ("--resume, optimizer/ gone", ["--resume"], "run, optimizer gone",
      "damaged, optimizer/.metadata is missing"),
+    # vLLM builds the architecture: Llama's drops Qwen2's attention biases
+    ("--model_path whose architecture is another model type's",
+     ["--model_path", f"{F}/llama_over_qwen2"], None,
+     "llama_over_qwen2: its config.json's architectures names LlamaForCausalLM, a llama model, "
+     "over model_type qwen2"),
     # a run folder is one run: pruning a run deletes what is inside it
     ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
      "/run/inner: inside the run in {out}"),
