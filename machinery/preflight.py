@@ -52,9 +52,11 @@ number_ranges = {
     ">= 0": "overlong_buffer overlong_factor lr weight_decay warmup_steps clip_low clip_high "
             "micro_batch_tokens replay_m replay_coef val_every seed keep_checkpoints "
             "log_samples train_prompts collect_chunk",
-    # T divides the logits; a nucleus of 0 holds no token
-    "> 0": "temperature top_p grad_clip collect_temperature collect_top_p "
-           "gpu_memory_utilization",
+    # a nucleus of 0 holds no token
+    "> 0": "top_p grad_clip collect_top_p gpu_memory_utilization",
+    # T divides the logits: vLLM raises a T below 0.01 to 0.01 (sampling_params' _MAX_TEMP) while
+    # the trainer would divide by the T given
+    ">= 0.01": "temperature collect_temperature",
     "<= 1": "top_p collect_top_p gpu_memory_utilization",
     # vLLM's bound
     "<= 2": "temperature collect_temperature",

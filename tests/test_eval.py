@@ -262,7 +262,10 @@ bad_inputs = [
     ("--run_dir without checkpoints", ["--run_dir", f"{B}/empty_run"],
      "empty_run: no checkpoints"),
     ("--k 0", ["--k", "0"], "--k 0: must be at least 1"),
-    ("--temperature 0", ["--temperature", "0"], "--temperature 0.0: must be above 0"),
+    ("--temperature 0", ["--temperature", "0"], "--temperature 0.0: must be at least 0.01"),
+    # vLLM raises it to 0.01
+    ("--temperature 1e-9", ["--temperature", "1e-9"],
+     "--temperature 1e-09: must be at least 0.01"),
     ("--top_p 1.5", ["--top_p", "1.5"], "--top_p 1.5: must be at most 1"),
     ("--max_new_tokens 0", ["--max_new_tokens", "0"], "--max_new_tokens 0: must be at least 1"),
     ("--chunk_problems 0", ["--chunk_problems", "0"], "--chunk_problems 0: must be at least 1"),
