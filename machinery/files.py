@@ -33,13 +33,16 @@ def read_jsonl(path: str) -> list:
 
 
 def save_config(out_dir: str, config: dict, saved: dict, changes: list[dict],
-                commits: dict = None):
-    """config.json: the run's Config; "hub_commits", the commit each hub name resolved to; with
-    "overrides", every --override's changes (the saved ones, then this command's `changes`) and
-    the steps they took effect at."""
+                commits: dict = None, digests: dict = None):
+    """config.json: the run's Config; "hub_commits", the commit each hub name resolved to;
+    "data_digests", each data file's rows' SHA-256 (the saved ones, then this command's
+    `digests`: a part's command reads only its files); with "overrides", every --override's
+    changes (the saved ones, then this command's `changes`) and the steps they took effect at."""
     os.makedirs(out_dir, exist_ok=True)
     overrides = saved.get("overrides", []) + changes
+    digests = {**saved.get("data_digests", {}), **(digests or {})}
     record = {**config, **({"hub_commits": commits} if commits else {}),
+              **({"data_digests": digests} if digests else {}),
               **({"overrides": overrides} if overrides else {})}
     write_atomic(os.path.join(out_dir, "config.json"), json.dumps(record, indent=2))
 

@@ -8,6 +8,7 @@ The flags come from the dataclass, argparse rather than a library that builds fl
 beside the field, where Config keeps it as the field's comment, read on one line with its paper
 default; and a bad value must be one line and exit 2, which argparse's parser.error gives."""
 import argparse
+import hashlib
 import inspect
 import json
 import math
@@ -194,6 +195,30 @@ def commit_changes(cfg, saved: dict, at: dict, commits: dict) -> list[dict]:
                         "that commit in huggingface_hub's cache, or add --override to continue "
                         "with the new one (config.json records the change)")
     return [{"field": name, "from": before[name], "to": commits[name], **at} for name in changed]
+
+
+def data_digests(cfg, inputs: tuple) -> dict:
+    """{flag: the SHA-256 of its rows as read} of the data files this command read (inputs:
+    data.read_inputs'), for config.json's "data_digests": a local file has no hub commit."""
+    flags = ("train_file", "val_file", "pool")
+    return {flag: hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+            for flag, rows in zip(flags, inputs) if rows}
+
+
+def data_changes(cfg, saved: dict, at: dict, digests: dict) -> list[dict]:
+    """A --resume whose data file's rows are not those its run read (the answers edited between a
+    stop and its resume) is refused, as a changed flag is; with --override, the records of the
+    new digests for config.json's "overrides"."""
+    before = saved.get("data_digests", {})
+    changed = [flag for flag, digest in digests.items() if before.get(flag, digest) != digest]
+    if changed and not cfg.override:
+        flag = changed[0]
+        raise UserError(f"--resume: --{flag} {getattr(cfg, flag)}: its rows are not those the "
+                        f"run in {cfg.out_dir} read (their SHA-256 differs from config.json's): "
+                        "restore the file, or add --override to continue on these rows "
+                        "(config.json records the change)")
+    return [{"field": f"{flag} rows", "from": before[flag], "to": digests[flag], **at}
+            for flag in changed]
 
 
 def check_model(path: str, flag: str, end_token) -> tuple:
@@ -447,11 +472,12 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
     nothing after it can fail on the user's input: the output and cache folders, the run in
     out_dir (how this command differs from it, the hub names' commits included: `commits`,
     hub's) and its checkpoints, the model folder (end_token: rlep.end_token_id) and its context,
-    the rows read (inputs: data.read_inputs'), each file's first prompt rendered (prompt_text:
-    rlep's), the pool against the training rows, the disk, W&B. A warning line each for a pool
-    the training prompts miss and for prompts longer than --max_prompt_len. Raises UserError,
-    or returns the saved config, the records of this command's changes for config.json, and
-    the disk's line (printed once the run starts)."""
+    the rows read (inputs: data.read_inputs'; their digests against the run's), each file's
+    first prompt rendered (prompt_text: rlep's), the pool against the training rows, the disk,
+    W&B. A warning line each for a pool the training prompts miss and for prompts longer than
+    --max_prompt_len. Raises UserError, or returns the saved config, the records of this
+    command's changes for config.json, the disk's line (printed once the run starts) and the
+    data's digests (data_digests)."""
     check_folder(cfg.out_dir, "--out_dir")
     check_one_run(cfg.out_dir)
     saved, config_path = {}, os.path.join(cfg.out_dir, "config.json")
@@ -460,12 +486,15 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
             raise UserError(f"{cfg.out_dir} already holds a run: pass --resume to continue "
                             "it, or another --out_dir")
         saved = read_saved_config(config_path)
+        check_saved(cfg, saved, config_path)
     elif cfg.resume:
         raise UserError(f"--resume: {cfg.out_dir} holds no run (no config.json): check its "
                         "name, or leave out --resume to start one there")
     at = {f"{part}_step": latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
           for part in ("phase1", "phase2")}
-    changes = resume_changes(cfg, saved, at) + commit_changes(cfg, saved, at, commits)
+    digests = data_digests(cfg, inputs)
+    changes = (resume_changes(cfg, saved, at) + commit_changes(cfg, saved, at, commits)
+               + data_changes(cfg, saved, at, digests))
     check_checkpoints(cfg)
     tokenizer, config = check_model(model_path, "--model_path",
                                     lambda t: end_token(t, cfg.stop_token))
@@ -476,7 +505,7 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
     disk_line = check_disk(cfg, model_path, len(inputs[0]), world_size)
     if cfg.wandb_project:
         check_wandb(cfg.wandb_project)
-    return saved, changes, disk_line
+    return saved, changes, disk_line, digests
 
 
 def check_rows(cfg, inputs: tuple, tokenizer, prompt_text):
@@ -556,6 +585,30 @@ def read_saved_config(path: str) -> dict:
     if not isinstance(saved, dict):
         raise UserError(f"{path}: not a JSON object of the run's flags")
     return saved
+
+
+def check_saved(cfg, saved: dict, path: str):
+    """config.json's values (edited by hand, say) pass the checks its flags pass: each a value of
+    the flag's type and among its choices ("dtype": "float16", which a resume with --dtype auto
+    would take, is refused as --dtype float16 is), each number in its range. cfg: the command's
+    Config, whose class gives the flags."""
+    kinds = type(cfg).__annotations__
+    for name, flag in dataclass_flags(type(cfg)):
+        value, kind = saved.get(name), kinds[name]
+        if name not in saved:
+            continue
+        typed = isinstance(value, bool) == (kind is bool) and isinstance(
+            value, (int, float) if kind is float else kind)
+        if not typed or value not in flag.get("choices", [value]):
+            must = ", ".join(flag["choices"]) if "choices" in flag else f"a {kind.__name__}"
+            raise UserError(f'{path}: "{name}" is {value!r}; it must be {must}, as --{name}\'s '
+                            "value: restore it (a checkpoint's rlep_config.json holds it)")
+    try:
+        check_ranges({**asdict(cfg), **{k: v for k, v in saved.items() if k in kinds}},
+                     number_ranges)
+    except UserError as e:
+        raise UserError(f"{path}: holds {e}: restore it (a checkpoint's rlep_config.json "
+                        "holds it)") from None
 
 
 def warn(line: str, script: str = "rlep.py"):

@@ -302,6 +302,19 @@ bad_inputs = [
      ["--model_path", f"{F}/llama_over_qwen2"], None,
      "llama_over_qwen2: its config.json's architectures names LlamaForCausalLM, a llama model, "
      "over model_type qwen2"),
+    ("--resume, the training rows changed", ["--resume"], "run, train rows changed",
+     "--resume: --train_file builtin:tiny:train: its rows are not those the run in {out} read"),
+    # config.json passes the flags' checks: --dtype auto would take its dtype
+    ("--resume, config.json's dtype float16", ["--resume", "--dtype", "auto"],
+     "run, config.json's dtype=\"float16\"",
+     "/run/config.json: \"dtype\" is 'float16'; it must be auto, float32, bfloat16, as "
+     "--dtype's value"),
+    ("--resume, config.json's lr a string", ["--resume", "--override"],
+     "run, config.json's lr=\"0.01\"", "config.json: \"lr\" is '0.01'; it must be a float"),
+    ("--resume, config.json's n a bool", ["--resume", "--override"],
+     "run, config.json's n=true", "config.json: \"n\" is True; it must be a int"),
+    ("--resume, config.json's n 1", ["--resume", "--override"], "run, config.json's n=1",
+     "/run/config.json: holds --n 1: must be at least 2: restore it"),
     # a run folder is one run: pruning a run deletes what is inside it
     ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
      "/run/inner: inside the run in {out}"),
@@ -323,6 +336,14 @@ def prepare(tmp_path, files, cache_dir, flags, state):
         saved = json.loads((out / "config.json").read_text())
         if state == "run without lr":
             del saved["lr"]
+            (out / "config.json").write_text(json.dumps(saved))
+        elif state == "run, train rows changed":
+            # as config.json records them: the digest of other rows than the file's now
+            saved["data_digests"] = {"train_file": "0" * 64}
+            (out / "config.json").write_text(json.dumps(saved))
+        elif state.startswith("run, config.json's"):  # a value edited by hand
+            name, value = state.split()[-1].split("=")
+            saved[name] = json.loads(value)
             (out / "config.json").write_text(json.dumps(saved))
         elif state == "run, config.json cut":
             (out / "config.json").write_text(json.dumps(saved)[:100])
@@ -599,6 +620,36 @@ def test_ctrl_c_in_a_save_lets_it_finish_then_stops_at_once_in_one_line(tmp_path
                                                   "step_000002"]
     assert os.path.exists(f"{mark}.{process.pid}.atexit")
     assert not os.path.exists(f"{mark}.{process.pid}.teardown")
+
+
+def test_a_resume_on_changed_rows_is_refused_unless_override(tmp_path, files, cache_dir,
+                                                             tiny_model):
+    """config.json records the digest of each data file's rows; a --resume after an answer of
+    the training file changed is refused, naming it; with --override the change is recorded."""
+    train, out = tmp_path / "train.jsonl", tmp_path / "run"
+    shutil.copy(files / "pool.jsonl", train)
+    flags = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir),
+             "--train_file", str(train)]
+
+    def check(*more):
+        cfg = rlep.parse_config(flags + list(more))
+        return preflight.check_start(cfg, tiny_model, 1, data.read_inputs(cfg), {},
+                                     rlep.prompt_text, rlep.end_token_id)
+    digests = check()[3]
+    assert sorted(digests) == ["train_file", "val_file"]
+    hold_a_run(out, cache_dir, "--train_file", str(train))
+    saved = json.loads((out / "config.json").read_text())
+    machinery.files.save_config(str(out), saved, {}, [], None, digests)
+    assert check("--resume")[1] == []  # the same rows
+    lines = train.read_text().splitlines()
+    lines[0] = json.dumps({**json.loads(lines[0]), "answer": "999"})
+    train.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=f"--resume: --train_file {train}: its rows are not "
+                                        f"those the run in {out} read"):
+        check("--resume")
+    changes = check("--resume", "--override")[1]
+    assert [(c["field"], c["from"]) for c in changes] == [("train_file rows",
+                                                            digests["train_file"])]
 
 
 def test_a_stop_names_the_part_it_stopped_in(tmp_path, monkeypatch):
