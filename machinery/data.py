@@ -169,9 +169,11 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
         where = f"{path}: row {i}"
         if isinstance(raw, str):
             try:
-                raw = json.loads(raw)
+                raw = json.loads(raw, object_pairs_hook=unique_keys)
             except json.JSONDecodeError as e:
                 raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+            except UserError as e:
+                raise UserError(f"{where}: {e}") from None
         row = normalize_row(raw, where)
         if pool and not row.get("responses"):
             if "reward_model" not in raw:
@@ -191,6 +193,17 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
         pooled = " with pooled responses ('responses' or 'reward_model.candidates')"
         raise UserError(f"{path}: no rows{pooled if pool else ''}")
     return list(rows.values())
+
+
+def unique_keys(pairs: list) -> dict:
+    """A JSON object, each of its keys once: json keeps a repeated key's last value without a
+    word ({"answer": "2", "answer": "3"} would be graded against "3")."""
+    keys = set()
+    for key, _ in pairs:
+        if key in keys:
+            raise UserError(f"the key {key!r} twice: keep one")
+        keys.add(key)
+    return dict(pairs)
 
 
 def text_lines(path: str, name: str) -> list[str]:

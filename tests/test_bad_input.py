@@ -45,6 +45,10 @@ def files(tmp_path_factory, tiny_model):
                                           + b'{"problem": "caf\xe9", "answer": "1"}\n')
     (folder / "broken.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n{"problem": \n')
     (folder / "data.csv").write_text("problem,answer\n")
+    # json.loads keeps the last value of a repeated key
+    (folder / "two_answers.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in good[:8])
+        + '{"problem": "1+1", "answer": "2", "answer": "3"}\n')
     pq.write_table(pa.table({"question": ["1+1"], "solution": ["2"]}), folder / "schema.parquet")
     (folder / "not.parquet").write_text("not parquet")
     pool = [{**r, "id": f"p{i}", "responses": [f"Answer: {r['answer']}"] * 2}
@@ -315,6 +319,8 @@ bad_inputs = [
      "run, config.json's n=true", "config.json: \"n\" is True; it must be a int"),
     ("--resume, config.json's n 1", ["--resume", "--override"], "run, config.json's n=1",
      "/run/config.json: holds --n 1: must be at least 2: restore it"),
+    ("a row with a key twice", ["--train_file", f"{F}/two_answers.jsonl"], None,
+     "two_answers.jsonl: row 9: the key 'answer' twice: keep one"),
     # a run folder is one run: pruning a run deletes what is inside it
     ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
      "/run/inner: inside the run in {out}"),
