@@ -117,6 +117,10 @@ def check_config(cfg, world_size: int = 1) -> list[str]:
     if cfg.phase1_prompts == "pool" and not cfg.pool and cfg.phase in ("all", "1"):
         raise UserError("--phase1_prompts pool needs --pool FILE (the prompt set to train "
                         "the baseline on)")
+    if cfg.phase == "collect" and cfg.pool:
+        # a run given a pool collects none: the command would end having done nothing
+        raise UserError(f"--phase collect --pool {cfg.pool}: a given pool is not collected; "
+                        "leave out --pool to collect one, or run --phase 2 on it")
     check_save_plan(cfg)
     warnings = []
     if cfg.mini_batch_prompts == cfg.prompts_per_step and cfg.epochs == 1:

@@ -321,6 +321,8 @@ bad_inputs = [
      "/run/config.json: holds --n 1: must be at least 2: restore it"),
     ("a row with a key twice", ["--train_file", f"{F}/two_answers.jsonl"], None,
      "two_answers.jsonl: row 9: the key 'answer' twice: keep one"),
+    ("--phase collect with --pool", ["--phase", "collect", "--pool", f"{F}/pool.jsonl"], None,
+     "--phase collect --pool {files}/pool.jsonl: a given pool is not collected"),
     # a run folder is one run: pruning a run deletes what is inside it
     ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
      "/run/inner: inside the run in {out}"),
