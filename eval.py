@@ -284,6 +284,7 @@ def compare(run_dirs: list[str], out_png: str) -> str:
 # each number's range, as preflight.number_ranges: vLLM's sampling bounds (it raises a T below
 # 0.01 to 0.01); a sample, a token, a chunk at least one
 number_ranges = {">= 1": "k max_new_tokens max_prompt_len chunk_problems", ">= 0": "seed",
+                 "<= 2147483647": "seed",
                  "> 0": "top_p gpu_memory_utilization", ">= 0.01": "temperature",
                  "<= 1": "top_p gpu_memory_utilization", "<= 2": "temperature",
                  f"<= {preflight.max_samples}": "k"}

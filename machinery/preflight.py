@@ -66,6 +66,10 @@ number_ranges = {
     "> 1": "clip_c",
     # vLLM's most samples a request
     f"<= {max_samples}": "n collect_k val_k",
+    # numpy's and vLLM's seeds (before config.json, which would then refuse the corrected command)
+    "<= 2147483647": "seed",
+    # the save plan holds a step each: more would exhaust the memory before the first step
+    "<= 1000000": "phase1_steps phase2_steps",
 }
 
 
@@ -342,11 +346,14 @@ def check_tokenizer(tokenizer, path: str, flag: str = "--model_path"):
                         "rendered with apply_chat_template): copy the model's "
                         "chat_template.jinja or tokenizer_config.json into it")
     try:
-        tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}],
-                                      add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}],
+                                             add_generation_prompt=True, tokenize=False)
     except Exception as e:  # jinja's TemplateError, or the template's own raise
         raise UserError(f"{flag} {path}: its chat template does not render "
                         f"({first_line(e)})") from None
+    if "1 + 1?" not in text:  # every prompt would be the same (vLLM refuses an empty one)
+        raise UserError(f"{flag} {path}: its chat template leaves the user's message out of the "
+                        f"prompt (it renders {text[:40]!r})")
 
 
 # RoPE types whose factor vLLM does not apply again to the context (theirs is already scaled)

@@ -83,6 +83,7 @@ def files(tmp_path_factory, tiny_model):
     edited("wrong_hidden", "config.json", lambda text: json.dumps({**config, "hidden_size": 32}))
     edited("llama_over_qwen2", "config.json",
            lambda text: json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
+    edited("empty_template", "chat_template.jinja", lambda text: "{{ '' }}")
     edited("bad_index", "model.safetensors.index.json", lambda text: "{not json")
     edited("bad_template", "chat_template.jinja", lambda text: "{% for m in messages %}{{ m")
     edited("no_eos", "tokenizer_config.json",
@@ -323,6 +324,18 @@ bad_inputs = [
      "two_answers.jsonl: row 9: the key 'answer' twice: keep one"),
     ("--phase collect with --pool", ["--phase", "collect", "--pool", f"{F}/pool.jsonl"], None,
      "--phase collect --pool {files}/pool.jsonl: a given pool is not collected"),
+    # numpy's and vLLM's seed range
+    ("--seed 4294967296", ["--seed", "4294967296"], None,
+     "--seed 4294967296: must be at most 2147483647"),
+    # the save plan of 10^12 steps would exhaust the memory
+    ("--phase1_steps 10^12", ["--phase1_steps", "1000000000000"], None,
+     "--phase1_steps 1000000000000: must be at most 1000000"),
+    ("--phase2_steps 10^12", ["--phase2_steps", "1000000000000"], None,
+     "--phase2_steps 1000000000000: must be at most 1000000"),
+    ("--model_path whose chat template renders an empty prompt",
+     ["--model_path", f"{F}/empty_template"], None,
+     "empty_template: its chat template leaves the user's message out of the prompt (it renders "
+     "'')"),
     # a run folder is one run: pruning a run deletes what is inside it
     ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
      "/run/inner: inside the run in {out}"),
