@@ -1083,7 +1083,8 @@ def main(argv=None):
     train_rows, val_rows, given_pool = inputs
     # the preflight: rank 0 checks all the command reads (the run there, the model, the rows, the
     # pool, the folders, the disk, W&B); every rank gets the run's saved config, this command's
-    # changes to it, the disk's line and the data's digests, or the refusal. Nothing after it fails on input.
+    # changes to it, the disk's line and the data's digests, or the refusal. Nothing after it
+    # fails on input.
     saved, changes, disk_line, digests = ranks.rank0_decides(lambda: preflight.check_start(
         cfg, model_path, d.world_size, inputs, hub.commits, prompt_text, end_token_id), d)
     if cfg.dtype == "auto" and "dtype" in saved:
