@@ -235,6 +235,7 @@ def check_model(path: str, flag: str, end_token) -> tuple:
     shapes, a tokenizer whose chat template renders, a token that ends a response
     (end_token(tokenizer), None if there is none), the tokenizer's ids inside the vocabulary.
     Returns (tokenizer, config)."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoTokenizer
     if not os.path.isdir(path):
         raise UserError(f"{flag} {path}: no such folder (a hub name like Qwen/Qwen2.5-Math-7B "
@@ -245,6 +246,9 @@ def check_model(path: str, flag: str, end_token) -> tuple:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError) as e:  # an unknown model_type, a file not JSON
         raise UserError(f"{flag} {path}: its config.json: {first_line(e)}") from None
+    except StrictDataclassError as e:  # a value of another type, layer_types' count
+        raise UserError(f"{flag} {path}: its config.json: "
+                        f"{' '.join(str(e).split())}") from None
     check_architecture(config, path, flag)
     check_weights(path, flag, config)
     try:
@@ -327,6 +331,15 @@ def check_weights(folder: str, flag: str, config=None):
     if not shared:
         raise UserError(f"{flag} {folder}: none of its weights' names is one of the "
                         f"{config.model_type} model config.json describes")
+    # the layers on both sides: vLLM refuses a weight the model lacks, after the run's start
+    layered = re.compile(r"\.layers\.\d+\.(?!.*inv_freq$)")
+    unmatched = [(key, "has no such weight") for key in expected if key not in shapes]
+    unmatched += [(key, "does not describe it") for key in shapes if key not in expected]
+    for key, why in unmatched:
+        if layered.search(key):
+            raise UserError(f"{flag} {folder}: {key}: its config.json {why} (num_hidden_layers "
+                            f"{config.get_text_config().num_hidden_layers}: a config of another "
+                            "model?)")
     for key in shared:
         if list(shapes[key]) != list(expected[key].shape):
             raise UserError(f"{flag} {folder}: {key} is {list(shapes[key])} in the weights, "
@@ -614,6 +627,10 @@ def check_saved(cfg, saved: dict, path: str):
             must = ", ".join(flag["choices"]) if "choices" in flag else f"a {kind.__name__}"
             raise UserError(f'{path}: "{name}" is {value!r}; it must be {must}, as --{name}\'s '
                             "value: restore it (a checkpoint's rlep_config.json holds it)")
+    for key, kind in (("overrides", list), ("hub_commits", dict), ("data_digests", dict)):
+        if not isinstance(saved.get(key, kind()), kind):
+            raise UserError(f'{path}: "{key}" must be a {kind.__name__} (rlep.py writes it): '
+                            "restore it")
     try:
         check_ranges({**asdict(cfg), **{k: v for k, v in saved.items() if k in kinds}},
                      number_ranges)

@@ -84,6 +84,12 @@ def files(tmp_path_factory, tiny_model):
     edited("llama_over_qwen2", "config.json",
            lambda text: json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
     edited("empty_template", "chat_template.jinja", lambda text: "{{ '' }}")
+    edited("position_text", "config.json",
+           lambda text: json.dumps({**config, "max_position_embeddings": "512"}))
+    edited("three_layer_types", "config.json",
+           lambda text: json.dumps({**config, "layer_types": ["full_attention"] * 3}))
+    edited("one_layer", "config.json", lambda text: json.dumps(
+        {**config, "num_hidden_layers": 1, "layer_types": ["full_attention"]}))
     edited("bad_index", "model.safetensors.index.json", lambda text: "{not json")
     edited("bad_template", "chat_template.jinja", lambda text: "{% for m in messages %}{{ m")
     edited("no_eos", "tokenizer_config.json",
@@ -336,6 +342,17 @@ bad_inputs = [
      ["--model_path", f"{F}/empty_template"], None,
      "empty_template: its chat template leaves the user's message out of the prompt (it renders "
      "'')"),
+    # model configs transformers rejects, and one of fewer layers than the weights
+    ("--model_path whose max_position_embeddings is text", ["--model_path", f"{F}/position_text"],
+     None, "position_text: its config.json: Validation error for field 'max_position_embeddings'"),
+    ("--model_path whose layer_types is not num_hidden_layers long",
+     ["--model_path", f"{F}/three_layer_types"], None,
+     "three_layer_types: its config.json: Class validation error"),
+    ("--model_path of fewer layers than its weights", ["--model_path", f"{F}/one_layer"], None,
+     "one_layer: model.layers.1.input_layernorm.weight: its config.json does not describe it "
+     "(num_hidden_layers 1"),
+    ("--resume, config.json's overrides a string", ["--resume"],
+     "run, config.json's overrides=\"none\"", "config.json: \"overrides\" must be a list"),
     # a run folder is one run: pruning a run deletes what is inside it
     ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
      "/run/inner: inside the run in {out}"),
