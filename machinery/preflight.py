@@ -450,6 +450,11 @@ def check_one_run(out_dir: str):
             raise UserError(f"--out_dir {out_dir}: holds the run in {root}: a run's folder holds "
                             "one run; move it out, or choose another --out_dir")
     parts = [p for p in ("phase1", "collect", "phase2") if os.path.exists(os.path.join(here, p))]
+    for name in parts + ["rlep.lock"] * os.path.isdir(os.path.join(here, "rlep.lock")):
+        if os.path.isdir(os.path.join(here, name)) == (name == "rlep.lock"):
+            kind = "a folder" if name == "rlep.lock" else "a file"
+            raise UserError(f"--out_dir {out_dir}: its {name} is {kind}, which the run writes "
+                            "as the other: move it away")
     if parts and not os.path.isfile(os.path.join(here, "config.json")):
         raise UserError(f"--out_dir {out_dir}: holds a run's {parts[0]}/ but no config.json, "
                         "which says what values made it: restore it (a checkpoint's "

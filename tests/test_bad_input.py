@@ -62,6 +62,8 @@ def files(tmp_path_factory, tiny_model):
     # p4 twice: once as in pool.jsonl, once another problem
     jsonl("two_p4.jsonl", pool[:8] + [{"id": "p4", "problem": "7-1", "answer": "6"}])
     (folder / "a_file").write_text("not a folder\n")
+    (folder / "tiny_a_file").mkdir()
+    (folder / "tiny_a_file" / "tiny").write_text("not the tiny model's folder\n")
     (folder / "no_model").mkdir()
     tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
     for name, gone in (("no_tokenizer", tokenizer_files), ("no_template", tokenizer_files[2:]),
@@ -353,6 +355,12 @@ bad_inputs = [
      "(num_hidden_layers 1"),
     ("--resume, config.json's overrides a string", ["--resume"],
      "run, config.json's overrides=\"none\"", "config.json: \"overrides\" must be a list"),
+    ("--resume, phase1 a file", ["--resume"], "run, phase1 a file",
+     "/run: its phase1 is a file, which the run writes as the other: move it away"),
+    ("--resume, rlep.lock a folder", ["--resume"], "run, rlep.lock a folder",
+     "/run: its rlep.lock is a folder, which the run writes as the other"),
+    ("--cache_dir whose tiny is a file", ["--cache_dir", f"{F}/tiny_a_file"], None,
+     "--model_path builtin:tiny: {files}/tiny_a_file/tiny is a file, not the model's folder"),
     # a run folder is one run: pruning a run deletes what is inside it
     ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
      "/run/inner: inside the run in {out}"),
@@ -389,7 +397,10 @@ def prepare(tmp_path, files, cache_dir, flags, state):
         damage = {"run, weights gone": lambda: os.remove(step / "model.safetensors"),
                   "run, state empty": lambda: os.truncate(step / "trainer_state.pt", 0),
                   "run, optimizer gone": lambda: shutil.rmtree(step / "optimizer"),
-                  "run, config.json gone": lambda: os.remove(out / "config.json")}
+                  "run, config.json gone": lambda: os.remove(out / "config.json"),
+                  "run, rlep.lock a folder": lambda: (out / "rlep.lock").mkdir(),
+                  "run, phase1 a file": lambda: (shutil.rmtree(out / "phase1"),
+                                                 (out / "phase1").write_text("a file\n"))}
         damage.get(state, lambda: None)()
     elif state == "a run inside":
         hold_a_run(out / "old", cache_dir)
