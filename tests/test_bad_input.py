@@ -361,6 +361,14 @@ bad_inputs = [
      "/run: its rlep.lock is a folder, which the run writes as the other"),
     ("--cache_dir whose tiny is a file", ["--cache_dir", f"{F}/tiny_a_file"], None,
      "--model_path builtin:tiny: {files}/tiny_a_file/tiny is a file, not the model's folder"),
+    # checkpoint.json edited by hand
+    ("--resume, checkpoint.json's files a list", ["--resume"], "run, record's files a list",
+     "step_000002: damaged, checkpoint.json's files is not {file: its size in bytes}"),
+    ("--resume, checkpoint.json's sizes text", ["--resume"], "run, record's sizes text",
+     "step_000002: damaged, checkpoint.json's files is not {file: its size in bytes}"),
+    ("--resume, checkpoint.json empty over a missing trainer_state.pt", ["--resume"],
+     "run, record empty, state gone", "step_000002: damaged, checkpoint.json does not list its "
+     "weights"),
     # a run folder is one run: pruning a run deletes what is inside it
     ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
      "/run/inner: inside the run in {out}"),
@@ -399,6 +407,13 @@ def prepare(tmp_path, files, cache_dir, flags, state):
                   "run, optimizer gone": lambda: shutil.rmtree(step / "optimizer"),
                   "run, config.json gone": lambda: os.remove(out / "config.json"),
                   "run, rlep.lock a folder": lambda: (out / "rlep.lock").mkdir(),
+                  "run, record's files a list": lambda: (step / "checkpoint.json").write_text(
+                      '{"step": 2, "files": ["model.safetensors"]}'),
+                  "run, record's sizes text": lambda: (step / "checkpoint.json").write_text(
+                      '{"step": 2, "files": {"model.safetensors": "25"}}'),
+                  "run, record empty, state gone": lambda: (
+                      os.remove(step / "trainer_state.pt"),
+                      (step / "checkpoint.json").write_text('{"step": 2, "files": {}}')),
                   "run, phase1 a file": lambda: (shutil.rmtree(out / "phase1"),
                                                  (out / "phase1").write_text("a file\n"))}
         damage.get(state, lambda: None)()
@@ -699,6 +714,13 @@ def test_a_resume_on_changed_rows_is_refused_unless_override(tmp_path, files, ca
     changes = check("--resume", "--override")[1]
     assert [(c["field"], c["from"]) for c in changes] == [("train_file rows",
                                                             digests["train_file"])]
+
+
+def test_a_step_folder_of_other_digits_is_not_a_checkpoint(tmp_path):
+    """"²" is a digit to str.isdigit, not to int(): a folder step_² is not a step's."""
+    for name in ("step_000002", "step_²", "step_٣"):
+        (tmp_path / name).mkdir()
+    assert checkpoints.step_folders(str(tmp_path)) == [2]
 
 
 def test_a_stop_names_the_part_it_stopped_in(tmp_path, monkeypatch):
