@@ -23,6 +23,7 @@ from machinery import UserError
 from machinery.checkpoints import checkpoint_path, check_resume, damage, latest_checkpoint
 from machinery.data import load_pool
 from machinery.disk import check_disk, check_writable, meta_model
+from machinery.files import read_jsonl
 
 
 def dataclass_flags(cls):
@@ -461,6 +462,23 @@ def check_one_run(out_dir: str):
                         "rlep_config.json holds them), or choose another --out_dir")
 
 
+def check_run_rows(out_dir: str):
+    """The rows of the run's own JSONL files that a resume reads hold the keys it reads: each
+    part's metrics and samples their step (the rows past the checkpoint go), the collection's
+    progress its prompts' ids and answers."""
+    needed = {os.path.join(part, name): {"step": int} for part in ("phase1", "phase2")
+              for name in ("metrics.jsonl", "samples.jsonl")}
+    needed[os.path.join("collect", "progress.jsonl")] = {"id": str, "successes": list}
+    for name, keys in needed.items():
+        path = os.path.join(out_dir, name)
+        for i, row in enumerate(read_jsonl(path), start=1):
+            for key, kind in keys.items():
+                value = row.get(key) if isinstance(row, dict) else None
+                if not isinstance(value, kind) or isinstance(value, bool):
+                    raise UserError(f"{path}: row {i}: no {key!r} ({kind.__name__}), which "
+                                    "rlep.py writes: restore the row, or remove it")
+
+
 def check_checkpoints(cfg):
     """The checkpoints this command reads are whole (checkpoints.damage): each part's newest,
     which a resume continues, and phase one's at collect_step, which the collection reads."""
@@ -525,6 +543,7 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
     changes = (resume_changes(cfg, saved, at) + commit_changes(cfg, saved, at, commits)
                + data_changes(cfg, saved, at, digests))
     check_checkpoints(cfg)
+    check_run_rows(cfg.out_dir)
     tokenizer, config = check_model(model_path, "--model_path",
                                     lambda t: end_token(t, cfg.stop_token))
     check_context(cfg, config)

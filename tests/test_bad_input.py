@@ -361,6 +361,12 @@ bad_inputs = [
      "/run: its rlep.lock is a folder, which the run writes as the other"),
     ("--cache_dir whose tiny is a file", ["--cache_dir", f"{F}/tiny_a_file"], None,
      "--model_path builtin:tiny: {files}/tiny_a_file/tiny is a file, not the model's folder"),
+    # the run's own rows a resume reads
+    ("--resume, a metrics.jsonl row without its step", ["--resume"],
+     "run, metrics row without step",
+     "phase1/metrics.jsonl: row 2: no 'step' (int), which rlep.py writes"),
+    ("--resume, a progress.jsonl row without its id", ["--resume"],
+     "run, progress row without id", "collect/progress.jsonl: row 1: no 'id' (str)"),
     # checkpoint.json edited by hand
     ("--resume, checkpoint.json's files a list", ["--resume"], "run, record's files a list",
      "step_000002: damaged, checkpoint.json's files is not {file: its size in bytes}"),
@@ -407,6 +413,11 @@ def prepare(tmp_path, files, cache_dir, flags, state):
                   "run, optimizer gone": lambda: shutil.rmtree(step / "optimizer"),
                   "run, config.json gone": lambda: os.remove(out / "config.json"),
                   "run, rlep.lock a folder": lambda: (out / "rlep.lock").mkdir(),
+                  "run, metrics row without step": lambda: (out / "phase1" / "metrics.jsonl")
+                  .write_text('{"step": 1}\n{"loss": 1}\n'),
+                  "run, progress row without id": lambda: (
+                      (out / "collect").mkdir(),
+                      (out / "collect" / "progress.jsonl").write_text('{"successes": []}\n')),
                   "run, record's files a list": lambda: (step / "checkpoint.json").write_text(
                       '{"step": 2, "files": ["model.safetensors"]}'),
                   "run, record's sizes text": lambda: (step / "checkpoint.json").write_text(
