@@ -149,9 +149,25 @@ def settings_of(cfg: rlep.Config, args, name: str) -> dict:
 
 
 def check_settings(out_dir: str, settings: dict):
-    """Refuse to add samples of other settings to an output folder's samples.jsonl."""
+    """Refuse to add samples of other settings to an output folder's samples.jsonl, and a
+    samples.jsonl or settings.json edited or damaged (a record without the keys the results are
+    made of)."""
+    samples_path = os.path.join(out_dir, "samples.jsonl")
+    keys = {"benchmark": str, "id": str, "correct": dict, "lengths": list, "answers": list}
+    for i, record in enumerate(files.read_jsonl(samples_path), start=1):
+        for key, kind in keys.items():
+            if not isinstance(record, dict) or not isinstance(record.get(key), kind):
+                raise UserError(f"{samples_path}: row {i}: no {key!r} ({kind.__name__}), which "
+                                "eval.py writes: remove the row (its problem is sampled again)")
     settings_path = os.path.join(out_dir, "settings.json")
-    old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
+    try:
+        old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
+    except ValueError as e:
+        raise UserError(f"{settings_path}: not valid JSON ({e}): restore it, or use another "
+                        "--out_dir") from None
+    if not isinstance(old, dict):
+        raise UserError(f"{settings_path}: not a JSON object of eval.py's settings: restore it, "
+                        "or use another --out_dir")
     # an older eval.py named the equivalence rule "default"
     old["rules"] = ["equivalence" if r == "default" else r for r in old.get("rules", [])]
     changed = sorted(key for key in settings if old.get(key) != settings[key])
