@@ -41,7 +41,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from machinery import (UserError, checkpoints, data, files, fsdp, hub, interrupts, preflight,
+from machinery import (RunStopped, UserError, checkpoints, data, files, fsdp, hub, interrupts, preflight,
                        ranks, report)
 import verify
 
@@ -423,5 +423,8 @@ if __name__ == "__main__":
     except UserError as e:  # bad input: one line; any other error keeps its traceback
         print(f"eval.py: {e}", file=sys.stderr)
         sys.exit(2)
+    except RunStopped as e:  # a write that failed (a full disk): one line; the samples stay
+        print(f"eval.py: {e}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line; what is sampled stays
         interrupts.end_eval(e)

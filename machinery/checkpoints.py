@@ -129,8 +129,12 @@ def prune_checkpoints(part_dir: str, keep: int, protected: set[int]):
             shutil.rmtree(os.path.join(folder, "optimizer"), ignore_errors=True)
         else:
             # renamed first: a crash mid-delete leaves no half checkpoint under a step's name
-            os.replace(folder, folder + ".deleting")
-            shutil.rmtree(folder + ".deleting")
+            try:
+                os.replace(folder, folder + ".deleting")
+                shutil.rmtree(folder + ".deleting")
+            except OSError as e:  # a folder made read-only, another user's files
+                raise RunStopped(f"{folder}: pruning cannot remove it ({e.strerror}): make it "
+                                 "removable, then --resume (the newest checkpoints are whole)")
 
 
 def leftovers(out_dir: str) -> list[str]:

@@ -8,7 +8,7 @@ import socket
 
 from filelock import FileLock, Timeout
 
-from machinery import UserError
+from machinery import RunStopped, UserError
 
 
 def write_atomic(path: str, text: str):
@@ -48,10 +48,16 @@ def save_config(out_dir: str, config: dict, saved: dict, changes: list[dict],
 
 
 def append_jsonl(path: str, rows: list):
-    with open(path, "a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-        f.flush()
-        os.fsync(f.fileno())
+    """Rows appended: a full disk or a folder gone under the run stops it in one line (a line cut
+    short is dropped on reading, read_jsonl)."""
+    try:
+        with open(path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise RunStopped(f"{path}: cannot write ({e.strerror}): free the disk or restore the "
+                         "folder, then --resume (what is saved is kept)") from None
 
 
 # the run folder this process holds, {lock file: its FileLock} (hold_run_folder)

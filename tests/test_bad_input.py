@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 import forked
 import machinery.files
-from machinery import UserError, checkpoints, data, preflight, ranks
+from machinery import RunStopped, UserError, checkpoints, data, preflight, ranks
 import rlep
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -725,6 +725,26 @@ def test_a_resume_on_changed_rows_is_refused_unless_override(tmp_path, files, ca
     changes = check("--resume", "--override")[1]
     assert [(c["field"], c["from"]) for c in changes] == [("train_file rows",
                                                             digests["train_file"])]
+
+
+def test_a_write_or_a_prune_that_fails_stops_in_one_line_naming_the_path(tmp_path, monkeypatch):
+    """A full disk at a metrics write (/dev/full), the run folder deleted under the run, a
+    checkpoint pruning cannot remove: RunStopped (one line, exit 1), naming the path."""
+    for path in ("/dev/full", str(tmp_path / "deleted" / "metrics.jsonl")):
+        with pytest.raises(RunStopped, match=f"^{path}: cannot write \\("):
+            machinery.files.append_jsonl(path, [{"step": 1}])
+    part = tmp_path / "phase1"
+    for step in (1, 2, 3):
+        folder = part / f"step_{step:06d}"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"weights")
+        checkpoints.write_record(str(folder), step)
+
+    def refused(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+    monkeypatch.setattr(checkpoints.shutil, "rmtree", refused)
+    with pytest.raises(RunStopped, match=r"step_000001: pruning cannot remove it \(Permission "):
+        checkpoints.prune_checkpoints(str(part), 2, set())
 
 
 def test_a_step_folder_of_other_digits_is_not_a_checkpoint(tmp_path):
