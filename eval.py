@@ -41,8 +41,8 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from machinery import (RunStopped, UserError, checkpoints, data, files, fsdp, hub, interrupts, preflight,
-                       ranks, report)
+from machinery import (RunStopped, UserError, checkpoints, data, files, fsdp, hub, interrupts,
+                       preflight, ranks, report)
 import verify
 
 # verify.verify's modes, and their names in tables
