@@ -460,7 +460,8 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, files, cache_
 
 exit_2_cases = ["missing data file", "--prompts_per_step 0", "--model_path missing",
                 "--resume --lr changed", "--stop_token unknown",
-                "--resume, the step's weights gone"]
+                "--resume, the step's weights gone", "--out_dir inside another run's folder",
+                "--resume, config.json's dtype float16"]
 
 
 @pytest.fixture(scope="module")
@@ -503,6 +504,7 @@ def test_python_rlep_py_prints_one_line_and_exits_2(exits_2, case):
     code = exit_code(process)
     lines = stderr.read_text().strip().splitlines()
     assert code == 2, "\n".join(lines[-40:])
+    message = message.replace("{out}", str(out))
     assert len(lines) == 1 and lines[0].startswith("rlep.py: ") and message in lines[0]
     assert digest(out) == before
 
