@@ -110,6 +110,11 @@ def answer_text(answer) -> str:
     return str(answer)
 
 
+# a row's text, at most: a prompt is cut to --max_prompt_len tokens anyway; the tokenizer takes
+# seconds a million characters and aborts the process on 50 MB
+max_text = 1_000_000
+
+
 # the keys a row is read from (a parquet file's other columns are not read)
 row_columns = {"id", "problem", "answer", "prompt", "reward_model", "responses", "data_source"}
 
@@ -130,6 +135,10 @@ def normalize_row(raw: dict, where: str) -> dict:
             row = Row.model_validate(raw)
     except ValidationError as e:
         raise schema_error(e, where) from None
+    length = len(row.problem) + sum(len(m.content) for m in row.prompt or [])
+    if length > max_text:
+        raise UserError(f"{where}: its problem and prompt hold {length:,} characters, over "
+                        f"{max_text:,} (the tokenizer would abort on tens of millions)")
     row_id = row.id if row.id not in (None, "") else hashlib.sha1(
         row.problem.encode()).hexdigest()[:12]
     fields = {

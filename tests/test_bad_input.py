@@ -105,6 +105,8 @@ def files(tmp_path_factory, tiny_model):
                       ("answer_nan", {"answer": math.nan}), ("answer_false", {"answer": False}),
                       ("prompt_strings", {"answer": "2", "prompt": ["What is 1+1?"]})):
         jsonl(f"{name}.jsonl", good[:6] + [{"problem": "1+1", **bad}])
+    # a problem of 1.5 MB: the tokenizer aborts on 50 MB
+    jsonl("long_problem.jsonl", good[:8] + [{"problem": "1+" * 750_001, "answer": "2"}])
     # the pool's ids are the training file's, one with another problem
     jsonl("pool_other_p3.jsonl", [{**row, "problem": "9-9"} if row["id"] == "p3" else row
                                   for row in pool[:40]])
@@ -375,6 +377,9 @@ bad_inputs = [
     ("--resume, checkpoint.json empty over a missing trainer_state.pt", ["--resume"],
      "run, record empty, state gone", "step_000002: damaged, checkpoint.json does not list its "
      "weights"),
+    ("a problem of 1.5 million characters", ["--train_file", f"{F}/long_problem.jsonl"], None,
+     "long_problem.jsonl: row 9: its problem and prompt hold 1,500,002 characters, over "
+     "1,000,000"),
     # a run folder is one run: pruning a run deletes what is inside it
     ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
      "/run/inner: inside the run in {out}"),

@@ -40,14 +40,15 @@ training_path = ["rlep.py"] + sorted(os.path.relpath(path, root) for path in
 # the job at once (ranks.end_on_failure), the first steps' ends and capped share; the gpu preset
 # (one GPU), --train_prompts (the fixed subset of D it trains on) and the collection's chunks in
 # sequences a rank (--collect_chunk).
-# Raised to 25,288 (+1,188; issue 66 asks for these checks): a run folder is one run (none around
+# Raised to 25,329 (+1,229; issue 66 asks for these checks): a run folder is one run (none around
 # or inside it, none without its config.json, its parts of their kinds), a model's architecture
 # against its model type, its config's types and its layers against the weights', a cache whose
 # tiny is a file, vLLM's temperature floor, the seed's and the step counts' bounds, a chat
 # template that drops the message, the data's digests against a resume's, config.json's values
 # through the flags' checks, a checkpoint.json edited, the run's JSONL rows' keys, a JSON key
-# twice, --phase collect with --pool; a JSONL append or a prune that fails, one line.
-max_code_tokens = 25288
+# twice, a row's text at most a million characters, --phase collect with --pool; a JSONL append
+# or a prune that fails, one line.
+max_code_tokens = 25329
 
 
 def read_lines(name):
