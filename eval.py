@@ -41,8 +41,8 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer
 
-from machinery import (UserError, checkpoints, data, files, fsdp, hub, interrupts, preflight,
-                       ranks, report)
+from machinery import (RunStopped, UserError, checkpoints, data, files, fsdp, hub, interrupts,
+                       preflight, ranks, report)
 import verify
 
 # verify.verify's modes, and their names in tables
@@ -149,9 +149,25 @@ def settings_of(cfg: rlep.Config, args, name: str) -> dict:
 
 
 def check_settings(out_dir: str, settings: dict):
-    """Refuse to add samples of other settings to an output folder's samples.jsonl."""
+    """Refuse to add samples of other settings to an output folder's samples.jsonl, and a
+    samples.jsonl or settings.json edited or damaged (a record without the keys the results are
+    made of)."""
+    samples_path = os.path.join(out_dir, "samples.jsonl")
+    keys = {"benchmark": str, "id": str, "correct": dict, "lengths": list, "answers": list}
+    for i, record in enumerate(files.read_jsonl(samples_path), start=1):
+        for key, kind in keys.items():
+            if not isinstance(record, dict) or not isinstance(record.get(key), kind):
+                raise UserError(f"{samples_path}: row {i}: no {key!r} ({kind.__name__}), which "
+                                "eval.py writes: remove the row (its problem is sampled again)")
     settings_path = os.path.join(out_dir, "settings.json")
-    old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
+    try:
+        old = json.load(open(settings_path)) if os.path.isfile(settings_path) else settings
+    except ValueError as e:
+        raise UserError(f"{settings_path}: not valid JSON ({e}): restore it, or use another "
+                        "--out_dir") from None
+    if not isinstance(old, dict):
+        raise UserError(f"{settings_path}: not a JSON object of eval.py's settings: restore it, "
+                        "or use another --out_dir")
     # an older eval.py named the equivalence rule "default"
     old["rules"] = ["equivalence" if r == "default" else r for r in old.get("rules", [])]
     changed = sorted(key for key in settings if old.get(key) != settings[key])
@@ -281,10 +297,11 @@ def compare(run_dirs: list[str], out_png: str) -> str:
     return f"{table}\n\n{report.plot_comparison(run_dirs, out_png)}\n"
 
 
-# each number's range, as preflight.number_ranges: vLLM's sampling bounds; a sample, a token, a
-# chunk at least one
+# each number's range, as preflight.number_ranges: vLLM's sampling bounds (it raises a T below
+# 0.01 to 0.01); a sample, a token, a chunk at least one
 number_ranges = {">= 1": "k max_new_tokens max_prompt_len chunk_problems", ">= 0": "seed",
-                 "> 0": "temperature top_p gpu_memory_utilization",
+                 "<= 2147483647": "seed",
+                 "> 0": "top_p gpu_memory_utilization", ">= 0.01": "temperature",
                  "<= 1": "top_p gpu_memory_utilization", "<= 2": "temperature",
                  f"<= {preflight.max_samples}": "k"}
 
@@ -406,5 +423,8 @@ if __name__ == "__main__":
     except UserError as e:  # bad input: one line; any other error keeps its traceback
         print(f"eval.py: {e}", file=sys.stderr)
         sys.exit(2)
+    except RunStopped as e:  # a write that failed (a full disk): one line; the samples stay
+        print(f"eval.py: {e}", file=sys.stderr)
+        sys.exit(1)
     except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line; what is sampled stays
         interrupts.end_eval(e)

@@ -1088,8 +1088,9 @@ def main(argv=None):
     train_rows, val_rows, given_pool = inputs
     # the preflight: rank 0 checks all the command reads (the run there, the model, the rows, the
     # pool, the folders, the disk, W&B); every rank gets the run's saved config, this command's
-    # changes to it and the disk's line, or the refusal. Nothing after it fails on input.
-    saved, changes, disk_line = ranks.rank0_decides(lambda: preflight.check_start(
+    # changes to it, the disk's line and the data's digests, or the refusal. Nothing after it
+    # fails on input.
+    saved, changes, disk_line, digests = ranks.rank0_decides(lambda: preflight.check_start(
         cfg, model_path, d.world_size, inputs, hub.commits, prompt_text, end_token_id), d)
     if cfg.dtype == "auto" and "dtype" in saved:
         cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
@@ -1106,8 +1107,9 @@ def main(argv=None):
               f"{cfg.dtype} ({dtype.why}), torch threads {torch.get_num_threads()}, output "
               f"in {cfg.out_dir}\n{disk_line}", flush=True)
         checkpoints.remove_leftovers(cfg.out_dir)
-        # with the hub names' commits, and --override's changes at the steps they took effect
-        files.save_config(cfg.out_dir, asdict(cfg), saved, changes, hub.commits)
+        # with the hub names' commits, the data's digests, and --override's changes at the steps
+        # they took effect
+        files.save_config(cfg.out_dir, asdict(cfg), saved, changes, hub.commits, digests)
         if cfg.wandb_project:
             name = f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{cfg.preset}"
             metrics.start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)

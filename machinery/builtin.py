@@ -87,6 +87,8 @@ def model_folder(name: str, cache_dir: str, build: bool = True) -> str:
     if name not in builders:
         raise ValueError(f"{name}: unknown built-in model; use one of {sorted(builders)}")
     out_dir = os.path.join(cache_dir, name.split(":")[1])
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # before a build of seconds
+        raise ValueError(f"{name}: {out_dir} is a file, not the model's folder: move it away")
     if build and not os.path.isdir(out_dir):
         temporary = f"{out_dir}.tmp{os.getpid()}"
         builders[name](temporary)

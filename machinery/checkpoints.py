@@ -32,7 +32,8 @@ def step_folders(part_dir: str) -> list[int]:
     if not os.path.isdir(part_dir):
         return []
     names = [name[len("step_"):] for name in os.listdir(part_dir) if name.startswith("step_")]
-    return sorted(int(number) for number in names if number.isdigit())
+    # ASCII digits: str.isdigit takes "²", which int() refuses
+    return sorted(int(number) for number in names if number.isascii() and number.isdigit())
 
 
 def complete_checkpoints(part_dir: str) -> list[int]:
@@ -70,6 +71,13 @@ def damage(folder: str, weights_only: bool = False) -> str:
             listed = json.load(f)["files"]
     except (OSError, ValueError, KeyError, TypeError):
         return "no readable checkpoint.json (a save cut short, or files removed by hand)"
+    # a record edited by hand: its sizes are compared, and a resume reads what it must list
+    if not isinstance(listed, dict) or any(type(size) is not int for size in listed.values()):
+        return "checkpoint.json's files is not {file: its size in bytes}"
+    needed = {"weights": any(name.endswith(".safetensors") for name in listed),
+              "trainer_state.pt": weights_only or "trainer_state.pt" in listed}
+    if lacking := [what for what, listed_ in needed.items() if not listed_]:
+        return f"checkpoint.json does not list its {lacking[0]}"
     for name, size in listed.items():
         if weights_only and (name.startswith("optimizer") or name == "trainer_state.pt"):
             continue
@@ -121,8 +129,12 @@ def prune_checkpoints(part_dir: str, keep: int, protected: set[int]):
             shutil.rmtree(os.path.join(folder, "optimizer"), ignore_errors=True)
         else:
             # renamed first: a crash mid-delete leaves no half checkpoint under a step's name
-            os.replace(folder, folder + ".deleting")
-            shutil.rmtree(folder + ".deleting")
+            try:
+                os.replace(folder, folder + ".deleting")
+                shutil.rmtree(folder + ".deleting")
+            except OSError as e:  # a folder made read-only, another user's files
+                raise RunStopped(f"{folder}: pruning cannot remove it ({e.strerror}): make it "
+                                 "removable, then --resume (the newest checkpoints are whole)")
 
 
 def leftovers(out_dir: str) -> list[str]:

@@ -21,6 +21,11 @@ def answer_text(answer) -> str:
     return str(answer)
 
 
+# a row's text, at most: a prompt is cut to --max_prompt_len tokens anyway; the tokenizer takes
+# seconds a million characters and aborts the process on 50 MB
+max_text = 1_000_000
+
+
 # the keys a row is read from (a parquet file's other columns are not read)
 row_columns = {"id", "problem", "answer", "prompt", "reward_model", "responses", "data_source"}
 
@@ -43,6 +48,10 @@ def normalize_row(raw: dict, where: str) -> dict:
             row = Row.model_validate(raw)
     except ValidationError as e:
         raise schema_error(e, where) from None
+    length = len(row.problem) + sum(len(m.content) for m in row.prompt or [])
+    if length > max_text:
+        raise UserError(f"{where}: its problem and prompt hold {length:,} characters, over "
+                        f"{max_text:,} (the tokenizer would abort on tens of millions)")
     row_id = row.id if row.id not in (None, "") else hashlib.sha1(
         row.problem.encode()).hexdigest()[:12]
     fields = {
@@ -82,9 +91,11 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
         where = f"{path}: row {i}"
         if isinstance(raw, str):
             try:
-                raw = json.loads(raw)
+                raw = json.loads(raw, object_pairs_hook=unique_keys)
             except json.JSONDecodeError as e:
                 raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+            except UserError as e:
+                raise UserError(f"{where}: {e}") from None
         row = normalize_row(raw, where)
         if pool and not row.get("responses"):
             if "reward_model" not in raw:
@@ -104,6 +115,17 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
         pooled = " with pooled responses ('responses' or 'reward_model.candidates')"
         raise UserError(f"{path}: no rows{pooled if pool else ''}")
     return list(rows.values())
+
+
+def unique_keys(pairs: list) -> dict:
+    """A JSON object, each of its keys once: json keeps a repeated key's last value without a
+    word ({"answer": "2", "answer": "3"} would be graded against "3")."""
+    keys = set()
+    for key, _ in pairs:
+        if key in keys:
+            raise UserError(f"the key {key!r} twice: keep one")
+        keys.add(key)
+    return dict(pairs)
 
 
 def text_lines(path: str, name: str) -> list[str]:

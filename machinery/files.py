@@ -8,7 +8,7 @@ import socket
 
 from filelock import FileLock, Timeout
 
-from machinery import UserError
+from machinery import RunStopped, UserError
 
 
 def write_atomic(path: str, text: str):
@@ -33,22 +33,31 @@ def read_jsonl(path: str) -> list:
 
 
 def save_config(out_dir: str, config: dict, saved: dict, changes: list[dict],
-                commits: dict = None):
-    """config.json: the run's Config; "hub_commits", the commit each hub name resolved to; with
-    "overrides", every --override's changes (the saved ones, then this command's `changes`) and
-    the steps they took effect at."""
+                commits: dict = None, digests: dict = None):
+    """config.json: the run's Config; "hub_commits", the commit each hub name resolved to;
+    "data_digests", each data file's rows' SHA-256 (the saved ones, then this command's
+    `digests`: a part's command reads only its files); with "overrides", every --override's
+    changes (the saved ones, then this command's `changes`) and the steps they took effect at."""
     os.makedirs(out_dir, exist_ok=True)
     overrides = saved.get("overrides", []) + changes
+    digests = {**saved.get("data_digests", {}), **(digests or {})}
     record = {**config, **({"hub_commits": commits} if commits else {}),
+              **({"data_digests": digests} if digests else {}),
               **({"overrides": overrides} if overrides else {})}
     write_atomic(os.path.join(out_dir, "config.json"), json.dumps(record, indent=2))
 
 
 def append_jsonl(path: str, rows: list):
-    with open(path, "a") as f:
-        f.writelines(json.dumps(r) + "\n" for r in rows)
-        f.flush()
-        os.fsync(f.fileno())
+    """Rows appended: a full disk or a folder gone under the run stops it in one line (a line cut
+    short is dropped on reading, read_jsonl)."""
+    try:
+        with open(path, "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise RunStopped(f"{path}: cannot write ({e.strerror}): free the disk or restore the "
+                         "folder, then --resume (what is saved is kept)") from None
 
 
 # the run folder this process holds, {lock file: its FileLock} (hold_run_folder)

@@ -8,6 +8,7 @@ The flags come from the dataclass, argparse rather than a library that builds fl
 beside the field, where Config keeps it as the field's comment, read on one line with its paper
 default; and a bad value must be one line and exit 2, which argparse's parser.error gives."""
 import argparse
+import hashlib
 import inspect
 import json
 import math
@@ -24,6 +25,7 @@ from machinery import UserError
 from machinery.checkpoints import checkpoint_path, check_resume, damage, latest_checkpoint
 from machinery.data import load_pool
 from machinery.disk import check_disk, check_writable, meta_model
+from machinery.files import read_jsonl
 
 
 def dataclass_flags(cls):
@@ -54,9 +56,11 @@ number_ranges = {
     ">= 0": "overlong_buffer overlong_factor lr weight_decay warmup_steps clip_low clip_high "
             "micro_batch_tokens replay_m replay_coef val_every seed keep_checkpoints "
             "log_samples train_prompts collect_chunk",
-    # T divides the logits; a nucleus of 0 holds no token
-    "> 0": "temperature top_p grad_clip collect_temperature collect_top_p "
-           "gpu_memory_utilization",
+    # a nucleus of 0 holds no token
+    "> 0": "top_p grad_clip collect_top_p gpu_memory_utilization",
+    # T divides the logits: vLLM raises a T below 0.01 to 0.01 (sampling_params' _MAX_TEMP) while
+    # the trainer would divide by the T given
+    ">= 0.01": "temperature collect_temperature",
     "<= 1": "top_p collect_top_p gpu_memory_utilization",
     # vLLM's bound
     "<= 2": "temperature collect_temperature",
@@ -65,6 +69,10 @@ number_ranges = {
     "> 1": "clip_c",
     # vLLM's most samples a request
     f"<= {max_samples}": "n collect_k val_k",
+    # numpy's and vLLM's seeds (before config.json, which would then refuse the corrected command)
+    "<= 2147483647": "seed",
+    # the save plan holds a step each: more would exhaust the memory before the first step
+    "<= 1000000": "phase1_steps phase2_steps",
 }
 
 
@@ -117,6 +125,10 @@ def check_config(cfg, world_size: int = 1) -> list[str]:
     if cfg.phase1_prompts == "pool" and not cfg.pool and cfg.phase in ("all", "1"):
         raise UserError("--phase1_prompts pool needs --pool FILE (the prompt set to train "
                         "the baseline on)")
+    if cfg.phase == "collect" and cfg.pool:
+        # a run given a pool collects none: the command would end having done nothing
+        raise UserError(f"--phase collect --pool {cfg.pool}: a given pool is not collected; "
+                        "leave out --pool to collect one, or run --phase 2 on it")
     check_save_plan(cfg)
     warnings = []
     if cfg.mini_batch_prompts == cfg.prompts_per_step and cfg.epochs == 1:
@@ -212,12 +224,37 @@ def commit_changes(cfg, saved: dict, at: dict, commits: dict) -> list[dict]:
     return [{"field": name, "from": before[name], "to": commits[name], **at} for name in changed]
 
 
+def data_digests(cfg, inputs: tuple) -> dict:
+    """{flag: the SHA-256 of its rows as read} of the data files this command read (inputs:
+    data.read_inputs'), for config.json's "data_digests": a local file has no hub commit."""
+    flags = ("train_file", "val_file", "pool")
+    return {flag: hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+            for flag, rows in zip(flags, inputs) if rows}
+
+
+def data_changes(cfg, saved: dict, at: dict, digests: dict) -> list[dict]:
+    """A --resume whose data file's rows are not those its run read (the answers edited between a
+    stop and its resume) is refused, as a changed flag is; with --override, the records of the
+    new digests for config.json's "overrides"."""
+    before = saved.get("data_digests", {})
+    changed = [flag for flag, digest in digests.items() if before.get(flag, digest) != digest]
+    if changed and not cfg.override:
+        flag = changed[0]
+        raise UserError(f"--resume: --{flag} {getattr(cfg, flag)}: its rows are not those the "
+                        f"run in {cfg.out_dir} read (their SHA-256 differs from config.json's): "
+                        "restore the file, or add --override to continue on these rows "
+                        "(config.json records the change)")
+    return [{"field": f"{flag} rows", "from": before[flag], "to": digests[flag], **at}
+            for flag in changed]
+
+
 def check_model(path: str, flag: str, end_token) -> tuple:
     """A model folder the trainer and vLLM both load (a hub name is fetched into one before), `flag`
     naming it in a refusal: a config.json transformers knows, whole weights of the config's
     shapes, a tokenizer whose chat template renders, a token that ends a response
     (end_token(tokenizer), None if there is none), the tokenizer's ids inside the vocabulary.
     Returns (tokenizer, config)."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig, AutoTokenizer
     if not os.path.isdir(path):
         raise UserError(f"{flag} {path}: no such folder (a hub name like Qwen/Qwen2.5-Math-7B "
@@ -228,6 +265,10 @@ def check_model(path: str, flag: str, end_token) -> tuple:
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError, KeyError) as e:  # an unknown model_type, a file not JSON
         raise UserError(f"{flag} {path}: its config.json: {first_line(e)}") from None
+    except StrictDataclassError as e:  # a value of another type, layer_types' count
+        raise UserError(f"{flag} {path}: its config.json: "
+                        f"{' '.join(str(e).split())}") from None
+    check_architecture(config, path, flag)
     check_weights(path, flag, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
@@ -246,6 +287,24 @@ def check_model(path: str, flag: str, end_token) -> tuple:
             raise UserError(f"{flag} {path}: {what}, {i}, is outside its vocabulary of {vocab} "
                             "(vocab_size in config.json): a tokenizer of another model?")
     return tokenizer, config
+
+
+def check_architecture(config, path: str, flag: str):
+    """vLLM builds the class config.json's `architectures` names, the trainer its model_type's: a
+    class of another model type (Llama over Qwen2's weights) loads without a word in vLLM, less
+    what it lacks (Qwen2's attention biases), and samples from another model than it trains.
+    A class transformers does not know (remote code) is not judged."""
+    from transformers.models.auto import modeling_auto
+    mappings = [getattr(modeling_auto, name) for name in dir(modeling_auto)
+                if name.endswith("_MAPPING_NAMES")]
+    for architecture in config.architectures or []:
+        types = {kind for mapping in mappings for kind, names in mapping.items()
+                 if architecture in ((names,) if isinstance(names, str) else names)}
+        if types and config.model_type not in types:
+            raise UserError(f"{flag} {path}: its config.json's architectures names "
+                            f"{architecture}, a {sorted(types)[0]} model, over model_type "
+                            f"{config.model_type}: vLLM would build {architecture} on these "
+                            "weights; a config of another model?")
 
 
 def first_line(error: BaseException) -> str:
@@ -291,6 +350,15 @@ def check_weights(folder: str, flag: str, config=None):
     if not shared:
         raise UserError(f"{flag} {folder}: none of its weights' names is one of the "
                         f"{config.model_type} model config.json describes")
+    # the layers on both sides: vLLM refuses a weight the model lacks, after the run's start
+    layered = re.compile(r"\.layers\.\d+\.(?!.*inv_freq$)")
+    unmatched = [(key, "has no such weight") for key in expected if key not in shapes]
+    unmatched += [(key, "does not describe it") for key in shapes if key not in expected]
+    for key, why in unmatched:
+        if layered.search(key):
+            raise UserError(f"{flag} {folder}: {key}: its config.json {why} (num_hidden_layers "
+                            f"{config.get_text_config().num_hidden_layers}: a config of another "
+                            "model?)")
     for key in shared:
         if list(shapes[key]) != list(expected[key].shape):
             raise UserError(f"{flag} {folder}: {key} is {list(shapes[key])} in the weights, "
@@ -310,11 +378,14 @@ def check_tokenizer(tokenizer, path: str, flag: str = "--model_path"):
                         "rendered with apply_chat_template): copy the model's "
                         "chat_template.jinja or tokenizer_config.json into it")
     try:
-        tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}],
-                                      add_generation_prompt=True, tokenize=False)
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}],
+                                             add_generation_prompt=True, tokenize=False)
     except Exception as e:  # jinja's TemplateError, or the template's own raise
         raise UserError(f"{flag} {path}: its chat template does not render "
                         f"({first_line(e)})") from None
+    if "1 + 1?" not in text:  # every prompt would be the same (vLLM refuses an empty one)
+        raise UserError(f"{flag} {path}: its chat template leaves the user's message out of the "
+                        f"prompt (it renders {text[:40]!r})")
 
 
 # RoPE types whose factor vLLM does not apply again to the context (theirs is already scaled)
@@ -373,6 +444,59 @@ def check_folder(path: str, flag: str):
     check_writable(path, flag)
 
 
+def is_run(folder: str) -> bool:
+    """Whether a folder holds a run: a config.json of rlep.py's (a model's has no phase1_steps)."""
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            return "phase1_steps" in json.load(f)
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_one_run(out_dir: str):
+    """A run folder holds one run: none around it, none inside it (a run's pruning and its
+    leftovers' removal would delete the other without a word); and a folder with a run's parts
+    but no config.json, which says what values made them, is not run again."""
+    here = os.path.abspath(out_dir)
+    above = os.path.dirname(here)
+    while above != os.path.dirname(above):
+        if is_run(above):
+            raise UserError(f"--out_dir {out_dir}: inside the run in {above}: choose a folder "
+                            "outside it (its pruning would delete this one)")
+        above = os.path.dirname(above)
+    for root, _, names in os.walk(here):
+        if root != here and "config.json" in names and is_run(root):
+            raise UserError(f"--out_dir {out_dir}: holds the run in {root}: a run's folder holds "
+                            "one run; move it out, or choose another --out_dir")
+    parts = [p for p in ("phase1", "collect", "phase2") if os.path.exists(os.path.join(here, p))]
+    for name in parts + ["rlep.lock"] * os.path.isdir(os.path.join(here, "rlep.lock")):
+        if os.path.isdir(os.path.join(here, name)) == (name == "rlep.lock"):
+            kind = "a folder" if name == "rlep.lock" else "a file"
+            raise UserError(f"--out_dir {out_dir}: its {name} is {kind}, which the run writes "
+                            "as the other: move it away")
+    if parts and not os.path.isfile(os.path.join(here, "config.json")):
+        raise UserError(f"--out_dir {out_dir}: holds a run's {parts[0]}/ but no config.json, "
+                        "which says what values made it: restore it (a checkpoint's "
+                        "rlep_config.json holds them), or choose another --out_dir")
+
+
+def check_run_rows(out_dir: str):
+    """The rows of the run's own JSONL files that a resume reads hold the keys it reads: each
+    part's metrics and samples their step (the rows past the checkpoint go), the collection's
+    progress its prompts' ids and answers."""
+    needed = {os.path.join(part, name): {"step": int} for part in ("phase1", "phase2")
+              for name in ("metrics.jsonl", "samples.jsonl")}
+    needed[os.path.join("collect", "progress.jsonl")] = {"id": str, "successes": list}
+    for name, keys in needed.items():
+        path = os.path.join(out_dir, name)
+        for i, row in enumerate(read_jsonl(path), start=1):
+            for key, kind in keys.items():
+                value = row.get(key) if isinstance(row, dict) else None
+                if not isinstance(value, kind) or isinstance(value, bool):
+                    raise UserError(f"{path}: row {i}: no {key!r} ({kind.__name__}), which "
+                                    "rlep.py writes: restore the row, or remove it")
+
+
 def check_checkpoints(cfg):
     """The checkpoints this command reads are whole (checkpoints.damage): each part's newest,
     which a resume continues, and phase one's at collect_step, which the collection reads."""
@@ -413,25 +537,31 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
     nothing after it can fail on the user's input: the output and cache folders, the run in
     out_dir (how this command differs from it, the hub names' commits included: `commits`,
     hub's) and its checkpoints, the model folder (end_token: rlep.end_token_id) and its context,
-    the rows read (inputs: data.read_inputs'), each file's first prompt rendered (prompt_text:
-    rlep's), the pool against the training rows, the disk, W&B. A warning line each for a pool
-    the training prompts miss and for prompts longer than --max_prompt_len. Raises UserError,
-    or returns the saved config, the records of this command's changes for config.json, and
-    the disk's line (printed once the run starts)."""
+    the rows read (inputs: data.read_inputs'; their digests against the run's), each file's
+    first prompt rendered (prompt_text: rlep's), the pool against the training rows, the disk,
+    W&B. A warning line each for a pool the training prompts miss and for prompts longer than
+    --max_prompt_len. Raises UserError, or returns the saved config, the records of this
+    command's changes for config.json, the disk's line (printed once the run starts) and the
+    data's digests (data_digests)."""
     check_folder(cfg.out_dir, "--out_dir")
+    check_one_run(cfg.out_dir)
     saved, config_path = {}, os.path.join(cfg.out_dir, "config.json")
     if os.path.isfile(config_path):
         if not cfg.resume:
             raise UserError(f"{cfg.out_dir} already holds a run: pass --resume to continue "
                             "it, or another --out_dir")
         saved = read_saved_config(config_path)
+        check_saved(cfg, saved, config_path)
     elif cfg.resume:
         raise UserError(f"--resume: {cfg.out_dir} holds no run (no config.json): check its "
                         "name, or leave out --resume to start one there")
     at = {f"{part}_step": latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
           for part in ("phase1", "phase2")}
-    changes = resume_changes(cfg, saved, at) + commit_changes(cfg, saved, at, commits)
+    digests = data_digests(cfg, inputs)
+    changes = (resume_changes(cfg, saved, at) + commit_changes(cfg, saved, at, commits)
+               + data_changes(cfg, saved, at, digests))
     check_checkpoints(cfg)
+    check_run_rows(cfg.out_dir)
     tokenizer, config = check_model(model_path, "--model_path",
                                     lambda t: end_token(t, cfg.stop_token))
     check_context(cfg, config)
@@ -441,7 +571,7 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
     disk_line = check_disk(cfg, model_path, len(inputs[0]), world_size)
     if cfg.wandb_project:
         check_wandb(cfg.wandb_project)
-    return saved, changes, disk_line
+    return saved, changes, disk_line, digests
 
 
 def check_rows(cfg, inputs: tuple, tokenizer, prompt_text):
@@ -521,6 +651,34 @@ def read_saved_config(path: str) -> dict:
     if not isinstance(saved, dict):
         raise UserError(f"{path}: not a JSON object of the run's flags")
     return saved
+
+
+def check_saved(cfg, saved: dict, path: str):
+    """config.json's values (edited by hand, say) pass the checks its flags pass: each a value of
+    the flag's type and among its choices ("dtype": "float16", which a resume with --dtype auto
+    would take, is refused as --dtype float16 is), each number in its range. cfg: the command's
+    Config, whose class gives the flags."""
+    kinds = type(cfg).__annotations__
+    for name, flag in dataclass_flags(type(cfg)):
+        value, kind = saved.get(name), kinds[name]
+        if name not in saved:
+            continue
+        typed = isinstance(value, bool) == (kind is bool) and isinstance(
+            value, (int, float) if kind is float else kind)
+        if not typed or value not in flag.get("choices", [value]):
+            must = ", ".join(flag["choices"]) if "choices" in flag else f"a {kind.__name__}"
+            raise UserError(f'{path}: "{name}" is {value!r}; it must be {must}, as --{name}\'s '
+                            "value: restore it (a checkpoint's rlep_config.json holds it)")
+    for key, kind in (("overrides", list), ("hub_commits", dict), ("data_digests", dict)):
+        if not isinstance(saved.get(key, kind()), kind):
+            raise UserError(f'{path}: "{key}" must be a {kind.__name__} (rlep.py writes it): '
+                            "restore it")
+    try:
+        check_ranges({**asdict(cfg), **{k: v for k, v in saved.items() if k in kinds}},
+                     number_ranges)
+    except UserError as e:
+        raise UserError(f"{path}: holds {e}: restore it (a checkpoint's rlep_config.json "
+                        "holds it)") from None
 
 
 def warn(line: str, script: str = "rlep.py"):

@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 import forked
 import machinery.files
-from machinery import UserError, checkpoints, data, preflight, ranks
+from machinery import RunStopped, UserError, checkpoints, data, preflight, ranks
 import rlep
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,6 +45,10 @@ def files(tmp_path_factory, tiny_model):
                                           + b'{"problem": "caf\xe9", "answer": "1"}\n')
     (folder / "broken.jsonl").write_text('{"problem": "1+1", "answer": "2"}\n{"problem": \n')
     (folder / "data.csv").write_text("problem,answer\n")
+    # json.loads keeps the last value of a repeated key
+    (folder / "two_answers.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in good[:8])
+        + '{"problem": "1+1", "answer": "2", "answer": "3"}\n')
     pq.write_table(pa.table({"question": ["1+1"], "solution": ["2"]}), folder / "schema.parquet")
     (folder / "not.parquet").write_text("not parquet")
     pool = [{**r, "id": f"p{i}", "responses": [f"Answer: {r['answer']}"] * 2}
@@ -58,6 +62,8 @@ def files(tmp_path_factory, tiny_model):
     # p4 twice: once as in pool.jsonl, once another problem
     jsonl("two_p4.jsonl", pool[:8] + [{"id": "p4", "problem": "7-1", "answer": "6"}])
     (folder / "a_file").write_text("not a folder\n")
+    (folder / "tiny_a_file").mkdir()
+    (folder / "tiny_a_file" / "tiny").write_text("not the tiny model's folder\n")
     (folder / "no_model").mkdir()
     tokenizer_files = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
     for name, gone in (("no_tokenizer", tokenizer_files), ("no_template", tokenizer_files[2:]),
@@ -77,6 +83,15 @@ def files(tmp_path_factory, tiny_model):
     config = json.loads((folder / "cut_weights" / "config.json").read_text())
     edited("unknown_type", "config.json", lambda text: json.dumps({**config, "model_type": "nope"}))
     edited("wrong_hidden", "config.json", lambda text: json.dumps({**config, "hidden_size": 32}))
+    edited("llama_over_qwen2", "config.json",
+           lambda text: json.dumps({**config, "architectures": ["LlamaForCausalLM"]}))
+    edited("empty_template", "chat_template.jinja", lambda text: "{{ '' }}")
+    edited("position_text", "config.json",
+           lambda text: json.dumps({**config, "max_position_embeddings": "512"}))
+    edited("three_layer_types", "config.json",
+           lambda text: json.dumps({**config, "layer_types": ["full_attention"] * 3}))
+    edited("one_layer", "config.json", lambda text: json.dumps(
+        {**config, "num_hidden_layers": 1, "layer_types": ["full_attention"]}))
     edited("bad_index", "model.safetensors.index.json", lambda text: "{not json")
     edited("bad_template", "chat_template.jinja", lambda text: "{% for m in messages %}{{ m")
     edited("no_eos", "tokenizer_config.json",
@@ -90,6 +105,8 @@ def files(tmp_path_factory, tiny_model):
                       ("answer_nan", {"answer": math.nan}), ("answer_false", {"answer": False}),
                       ("prompt_strings", {"answer": "2", "prompt": ["What is 1+1?"]})):
         jsonl(f"{name}.jsonl", good[:6] + [{"problem": "1+1", **bad}])
+    # a problem of 1.5 MB: the tokenizer aborts on 50 MB
+    jsonl("long_problem.jsonl", good[:8] + [{"problem": "1+" * 750_001, "answer": "2"}])
     # the pool's ids are the training file's, one with another problem
     jsonl("pool_other_p3.jsonl", [{**row, "problem": "9-9"} if row["id"] == "p3" else row
                                   for row in pool[:40]])
@@ -159,7 +176,13 @@ bad_inputs = [
     ("--phase1_steps 0", ["--phase1_steps", "0"], None, "--phase1_steps 0: must be at least 1"),
     ("--mini_batch_prompts over B", ["--mini_batch_prompts", "16"], None,
      "--mini_batch_prompts 16: must be at most --prompts_per_step 8"),
-    ("--temperature 0", ["--temperature", "0"], None, "--temperature 0.0: must be above 0"),
+    ("--temperature 0", ["--temperature", "0"], None,
+     "--temperature 0.0: must be at least 0.01"),
+    # vLLM raises a T below 0.01 to 0.01; the trainer would divide by it
+    ("--temperature 1e-9", ["--temperature", "1e-9"], None,
+     "--temperature 1e-09: must be at least 0.01"),
+    ("--collect_temperature 0.001", ["--collect_temperature", "0.001"], None,
+     "--collect_temperature 0.001: must be at least 0.01"),
     ("--top_p 0", ["--top_p", "0"], None, "--top_p 0.0: must be above 0"),
     ("--collect_temperature 3", ["--collect_temperature", "3"], None,
      "--collect_temperature 3.0: must be at most 2"),
@@ -289,6 +312,83 @@ bad_inputs = [
      "damaged, trainer_state.pt holds 0 bytes, its record 25"),
     ("--resume, optimizer/ gone", ["--resume"], "run, optimizer gone",
      "damaged, optimizer/.metadata is missing"),
+    # vLLM builds the architecture: Llama's drops Qwen2's attention biases
+    ("--model_path whose architecture is another model type's",
+     ["--model_path", f"{F}/llama_over_qwen2"], None,
+     "llama_over_qwen2: its config.json's architectures names LlamaForCausalLM, a llama model, "
+     "over model_type qwen2"),
+    ("--resume, the training rows changed", ["--resume"], "run, train rows changed",
+     "--resume: --train_file builtin:tiny:train: its rows are not those the run in {out} read"),
+    # config.json passes the flags' checks: --dtype auto would take its dtype
+    ("--resume, config.json's dtype float16", ["--resume", "--dtype", "auto"],
+     "run, config.json's dtype=\"float16\"",
+     "/run/config.json: \"dtype\" is 'float16'; it must be auto, float32, bfloat16, as "
+     "--dtype's value"),
+    ("--resume, config.json's lr a string", ["--resume", "--override"],
+     "run, config.json's lr=\"0.01\"", "config.json: \"lr\" is '0.01'; it must be a float"),
+    ("--resume, config.json's n a bool", ["--resume", "--override"],
+     "run, config.json's n=true", "config.json: \"n\" is True; it must be a int"),
+    ("--resume, config.json's n 1", ["--resume", "--override"], "run, config.json's n=1",
+     "/run/config.json: holds --n 1: must be at least 2: restore it"),
+    ("a row with a key twice", ["--train_file", f"{F}/two_answers.jsonl"], None,
+     "two_answers.jsonl: row 9: the key 'answer' twice: keep one"),
+    ("--phase collect with --pool", ["--phase", "collect", "--pool", f"{F}/pool.jsonl"], None,
+     "--phase collect --pool {files}/pool.jsonl: a given pool is not collected"),
+    # numpy's and vLLM's seed range
+    ("--seed 4294967296", ["--seed", "4294967296"], None,
+     "--seed 4294967296: must be at most 2147483647"),
+    # the save plan of 10^12 steps would exhaust the memory
+    ("--phase1_steps 10^12", ["--phase1_steps", "1000000000000"], None,
+     "--phase1_steps 1000000000000: must be at most 1000000"),
+    ("--phase2_steps 10^12", ["--phase2_steps", "1000000000000"], None,
+     "--phase2_steps 1000000000000: must be at most 1000000"),
+    ("--model_path whose chat template renders an empty prompt",
+     ["--model_path", f"{F}/empty_template"], None,
+     "empty_template: its chat template leaves the user's message out of the prompt (it renders "
+     "'')"),
+    # model configs transformers rejects, and one of fewer layers than the weights
+    ("--model_path whose max_position_embeddings is text", ["--model_path", f"{F}/position_text"],
+     None, "position_text: its config.json: Validation error for field 'max_position_embeddings'"),
+    ("--model_path whose layer_types is not num_hidden_layers long",
+     ["--model_path", f"{F}/three_layer_types"], None,
+     "three_layer_types: its config.json: Class validation error"),
+    ("--model_path of fewer layers than its weights", ["--model_path", f"{F}/one_layer"], None,
+     "one_layer: model.layers.1.input_layernorm.weight: its config.json does not describe it "
+     "(num_hidden_layers 1"),
+    ("--resume, config.json's overrides a string", ["--resume"],
+     "run, config.json's overrides=\"none\"", "config.json: \"overrides\" must be a list"),
+    ("--resume, phase1 a file", ["--resume"], "run, phase1 a file",
+     "/run: its phase1 is a file, which the run writes as the other: move it away"),
+    ("--resume, rlep.lock a folder", ["--resume"], "run, rlep.lock a folder",
+     "/run: its rlep.lock is a folder, which the run writes as the other"),
+    ("--cache_dir whose tiny is a file", ["--cache_dir", f"{F}/tiny_a_file"], None,
+     "--model_path builtin:tiny: {files}/tiny_a_file/tiny is a file, not the model's folder"),
+    # the run's own rows a resume reads
+    ("--resume, a metrics.jsonl row without its step", ["--resume"],
+     "run, metrics row without step",
+     "phase1/metrics.jsonl: row 2: no 'step' (int), which rlep.py writes"),
+    ("--resume, a progress.jsonl row without its id", ["--resume"],
+     "run, progress row without id", "collect/progress.jsonl: row 1: no 'id' (str)"),
+    # checkpoint.json edited by hand
+    ("--resume, checkpoint.json's files a list", ["--resume"], "run, record's files a list",
+     "step_000002: damaged, checkpoint.json's files is not {file: its size in bytes}"),
+    ("--resume, checkpoint.json's sizes text", ["--resume"], "run, record's sizes text",
+     "step_000002: damaged, checkpoint.json's files is not {file: its size in bytes}"),
+    ("--resume, checkpoint.json empty over a missing trainer_state.pt", ["--resume"],
+     "run, record empty, state gone", "step_000002: damaged, checkpoint.json does not list its "
+     "weights"),
+    ("a problem of 1.5 million characters", ["--train_file", f"{F}/long_problem.jsonl"], None,
+     "long_problem.jsonl: row 9: its problem and prompt hold 1,500,002 characters, over "
+     "1,000,000"),
+    # a run folder is one run: pruning a run deletes what is inside it
+    ("--out_dir inside another run's folder", ["--out_dir", "{out}/inner"], "run",
+     "/run/inner: inside the run in {out}"),
+    ("--out_dir holding another run's folder", [], "a run inside", "holds the run in {out}/old"),
+    # which values made them cannot be told
+    ("a run's parts without config.json", ["--lr", "0.01"], "run, config.json gone",
+     "/run: holds a run's phase1/ but no config.json"),
+    ("a run's parts without config.json, --resume", ["--resume"], "run, config.json gone",
+     "/run: holds a run's phase1/ but no config.json"),
 ]
 
 
@@ -302,18 +402,44 @@ def prepare(tmp_path, files, cache_dir, flags, state):
         if state == "run without lr":
             del saved["lr"]
             (out / "config.json").write_text(json.dumps(saved))
+        elif state == "run, train rows changed":
+            # as config.json records them: the digest of other rows than the file's now
+            saved["data_digests"] = {"train_file": "0" * 64}
+            (out / "config.json").write_text(json.dumps(saved))
+        elif state.startswith("run, config.json's"):  # a value edited by hand
+            name, value = state.split()[-1].split("=")
+            saved[name] = json.loads(value)
+            (out / "config.json").write_text(json.dumps(saved))
         elif state == "run, config.json cut":
             (out / "config.json").write_text(json.dumps(saved)[:100])
         step = out / "phase1" / "step_000002"
         damage = {"run, weights gone": lambda: os.remove(step / "model.safetensors"),
                   "run, state empty": lambda: os.truncate(step / "trainer_state.pt", 0),
-                  "run, optimizer gone": lambda: shutil.rmtree(step / "optimizer")}
+                  "run, optimizer gone": lambda: shutil.rmtree(step / "optimizer"),
+                  "run, config.json gone": lambda: os.remove(out / "config.json"),
+                  "run, rlep.lock a folder": lambda: (out / "rlep.lock").mkdir(),
+                  "run, metrics row without step": lambda: (out / "phase1" / "metrics.jsonl")
+                  .write_text('{"step": 1}\n{"loss": 1}\n'),
+                  "run, progress row without id": lambda: (
+                      (out / "collect").mkdir(),
+                      (out / "collect" / "progress.jsonl").write_text('{"successes": []}\n')),
+                  "run, record's files a list": lambda: (step / "checkpoint.json").write_text(
+                      '{"step": 2, "files": ["model.safetensors"]}'),
+                  "run, record's sizes text": lambda: (step / "checkpoint.json").write_text(
+                      '{"step": 2, "files": {"model.safetensors": "25"}}'),
+                  "run, record empty, state gone": lambda: (
+                      os.remove(step / "trainer_state.pt"),
+                      (step / "checkpoint.json").write_text('{"step": 2, "files": {}}')),
+                  "run, phase1 a file": lambda: (shutil.rmtree(out / "phase1"),
+                                                 (out / "phase1").write_text("a file\n"))}
         damage.get(state, lambda: None)()
+    elif state == "a run inside":
+        hold_a_run(out / "old", cache_dir)
     elif state == "link to nothing":
         os.symlink(tmp_path / "nothing", out)
     elif state == "loop of links":
         os.symlink(out, out)
-    flags = [f.replace(F, str(files)) for f in flags]
+    flags = [f.replace(F, str(files)).replace("{out}", str(out)) for f in flags]
     return out, ["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir), *flags]
 
 
@@ -332,13 +458,15 @@ def test_bad_input_is_refused_before_anything_is_written(tmp_path, files, cache_
     if error.type is SystemExit:
         assert error.value.code == 2
         line = capsys.readouterr().err.strip()
-    assert message.replace(F, str(files)) in line and "\n" not in line
+    assert message.replace(F, str(files)).replace("{out}", str(out)) in line
+    assert "\n" not in line
     assert digest(out) == before
 
 
 exit_2_cases = ["missing data file", "--prompts_per_step 0", "--model_path missing",
                 "--resume --lr changed", "--stop_token unknown",
-                "--resume, the step's weights gone"]
+                "--resume, the step's weights gone", "--out_dir inside another run's folder",
+                "--resume, config.json's dtype float16"]
 
 
 @pytest.fixture(scope="module")
@@ -381,6 +509,7 @@ def test_python_rlep_py_prints_one_line_and_exits_2(exits_2, case):
     code = exit_code(process)
     lines = stderr.read_text().strip().splitlines()
     assert code == 2, "\n".join(lines[-40:])
+    message = message.replace("{out}", str(out))
     assert len(lines) == 1 and lines[0].startswith("rlep.py: ") and message in lines[0]
     assert digest(out) == before
 
@@ -577,6 +706,63 @@ def test_ctrl_c_in_a_save_lets_it_finish_then_stops_at_once_in_one_line(tmp_path
                                                   "step_000002"]
     assert os.path.exists(f"{mark}.{process.pid}.atexit")
     assert not os.path.exists(f"{mark}.{process.pid}.teardown")
+
+
+def test_a_resume_on_changed_rows_is_refused_unless_override(tmp_path, files, cache_dir,
+                                                             tiny_model):
+    """config.json records the digest of each data file's rows; a --resume after an answer of
+    the training file changed is refused, naming it; with --override the change is recorded."""
+    train, out = tmp_path / "train.jsonl", tmp_path / "run"
+    shutil.copy(files / "pool.jsonl", train)
+    flags = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir", str(cache_dir),
+             "--train_file", str(train)]
+
+    def check(*more):
+        cfg = rlep.parse_config(flags + list(more))
+        return preflight.check_start(cfg, tiny_model, 1, data.read_inputs(cfg), {},
+                                     rlep.prompt_text, rlep.end_token_id)
+    digests = check()[3]
+    assert sorted(digests) == ["train_file", "val_file"]
+    hold_a_run(out, cache_dir, "--train_file", str(train))
+    saved = json.loads((out / "config.json").read_text())
+    machinery.files.save_config(str(out), saved, {}, [], None, digests)
+    assert check("--resume")[1] == []  # the same rows
+    lines = train.read_text().splitlines()
+    lines[0] = json.dumps({**json.loads(lines[0]), "answer": "999"})
+    train.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=f"--resume: --train_file {train}: its rows are not "
+                                        f"those the run in {out} read"):
+        check("--resume")
+    changes = check("--resume", "--override")[1]
+    assert [(c["field"], c["from"]) for c in changes] == [("train_file rows",
+                                                            digests["train_file"])]
+
+
+def test_a_write_or_a_prune_that_fails_stops_in_one_line_naming_the_path(tmp_path, monkeypatch):
+    """A full disk at a metrics write (/dev/full), the run folder deleted under the run, a
+    checkpoint pruning cannot remove: RunStopped (one line, exit 1), naming the path."""
+    for path in ("/dev/full", str(tmp_path / "deleted" / "metrics.jsonl")):
+        with pytest.raises(RunStopped, match=f"^{path}: cannot write \\("):
+            machinery.files.append_jsonl(path, [{"step": 1}])
+    part = tmp_path / "phase1"
+    for step in (1, 2, 3):
+        folder = part / f"step_{step:06d}"
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"weights")
+        checkpoints.write_record(str(folder), step)
+
+    def refused(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+    monkeypatch.setattr(checkpoints.shutil, "rmtree", refused)
+    with pytest.raises(RunStopped, match=r"step_000001: pruning cannot remove it \(Permission "):
+        checkpoints.prune_checkpoints(str(part), 2, set())
+
+
+def test_a_step_folder_of_other_digits_is_not_a_checkpoint(tmp_path):
+    """"²" is a digit to str.isdigit, not to int(): a folder step_² is not a step's."""
+    for name in ("step_000002", "step_²", "step_٣"):
+        (tmp_path / name).mkdir()
+    assert checkpoints.step_folders(str(tmp_path)) == [2]
 
 
 def test_a_stop_names_the_part_it_stopped_in(tmp_path, monkeypatch):

@@ -49,7 +49,15 @@ training_path = ["rlep.py"] + sorted(os.path.relpath(path, root) for path in
 # Raised to 24,335 (+155): what the GPU holds, for the first GPU hour: vLLM's KV cache in tokens
 # and GiB and the memory free while it sleeps (Engine.memory_line), torch's peak on each step line
 # (fsdp.peak_memory).
-max_code_tokens = 24335
+# Raised to 25,748 (+1,413): the bad-input checks: a run folder is one run (none around
+# or inside it, none without its config.json, its parts of their kinds), a model's architecture
+# against its model type, its config's types and its layers against the weights', a cache whose
+# tiny is a file, vLLM's temperature floor, the seed's and the step counts' bounds, a chat
+# template that drops the message, the data's digests against a resume's, config.json's values
+# through the flags' checks, a checkpoint.json edited, the run's JSONL rows' keys, a JSON key
+# twice, a row's text at most a million characters, --phase collect with --pool; a JSONL append
+# or a prune that fails, one line.
+max_code_tokens = 25748
 
 
 def read_lines(name):

@@ -241,6 +241,13 @@ def bad(tiny_model, tmp_path_factory):
     shutil.copytree(tiny_model, step)
     checkpoints.write_record(str(step), 2)
     os.remove(step / "generation_config.json")
+    # an output folder's own files damaged
+    (folder / "settings_list").mkdir()
+    (folder / "settings_list" / "settings.json").write_text("[1]\n")
+    (folder / "settings_cut").mkdir()
+    (folder / "settings_cut" / "settings.json").write_text('{"k": ')
+    (folder / "samples_bare").mkdir()
+    (folder / "samples_bare" / "samples.jsonl").write_text('{"benchmark": "x", "id": "1"}\n')
     shutil.copytree(tiny_model, folder / "unknown_type")
     config = json.loads((folder / "unknown_type" / "config.json").read_text())
     (folder / "unknown_type" / "config.json").write_text(json.dumps({**config,
@@ -262,7 +269,10 @@ bad_inputs = [
     ("--run_dir without checkpoints", ["--run_dir", f"{B}/empty_run"],
      "empty_run: no checkpoints"),
     ("--k 0", ["--k", "0"], "--k 0: must be at least 1"),
-    ("--temperature 0", ["--temperature", "0"], "--temperature 0.0: must be above 0"),
+    ("--temperature 0", ["--temperature", "0"], "--temperature 0.0: must be at least 0.01"),
+    # vLLM raises it to 0.01
+    ("--temperature 1e-9", ["--temperature", "1e-9"],
+     "--temperature 1e-09: must be at least 0.01"),
     ("--top_p 1.5", ["--top_p", "1.5"], "--top_p 1.5: must be at most 1"),
     ("--max_new_tokens 0", ["--max_new_tokens", "0"], "--max_new_tokens 0: must be at least 1"),
     ("--chunk_problems 0", ["--chunk_problems", "0"], "--chunk_problems 0: must be at least 1"),
@@ -281,6 +291,12 @@ bad_inputs = [
      "names {question}; a template names {problem}"),
     ("--model of an unknown type", ["--model", f"{B}/unknown_type"],
      "unknown_type: its config.json: "),
+    ("settings.json a list", ["--out_dir", f"{B}/settings_list"],
+     "settings_list/settings.json: not a JSON object of eval.py's settings"),
+    ("settings.json not JSON", ["--out_dir", f"{B}/settings_cut"],
+     "settings_cut/settings.json: not valid JSON"),
+    ("a samples.jsonl row without its verdicts", ["--out_dir", f"{B}/samples_bare"],
+     "samples_bare/samples.jsonl: row 1: no 'correct' (dict), which eval.py writes"),
     ("a damaged checkpoint", ["--run_dir", f"{B}/damaged_run"],
      "damaged_run/phase1/step_000002: damaged, generation_config.json is missing"),
 ]

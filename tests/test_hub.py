@@ -22,13 +22,15 @@ repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 commit = "0123456789abcdef0123456789abcdef01234567"
 
 
-def fill_cache(cache, repo: str, files: dict, kind: str = "datasets"):
-    """A repository's files, as huggingface_hub leaves them after a download."""
+def fill_cache(cache, repo: str, files: dict, kind: str = "datasets", at: str = commit,
+               ref: str = "main"):
+    """A repository's files at commit `at`, which `ref` names, as huggingface_hub leaves them
+    after a download."""
     folder = cache / f"{kind}--{repo.replace('/', '--')}"
     (folder / "refs").mkdir(parents=True, exist_ok=True)
-    (folder / "refs" / "main").write_text(commit)
+    (folder / "refs" / ref).write_text(at)
     for path, content in files.items():
-        target = folder / "snapshots" / commit / path
+        target = folder / "snapshots" / at / path
         target.parent.mkdir(parents=True, exist_ok=True)
         if isinstance(content, str):  # a folder to copy
             shutil.copy(content, target)
@@ -130,6 +132,44 @@ def test_a_run_takes_hub_names_and_saves_them_as_given(hub_cache, tiny_model, tm
         rlep.main(["--preset", "tiny", "--out_dir", str(out), *names])
     saved = json.load(open(out / "config.json"))
     assert [saved[k] for k in ("model_path", "train_file", "val_file")] == names[1::2]
+
+
+def test_a_revision_is_read_at_it_and_a_resume_on_a_moved_name_is_refused(
+        hub_cache, tiny_model, tmp_path, monkeypatch):
+    """A cache holding two commits of a dataset: @REVISION reads its commit's file, not main's;
+    a run started on main, resumed once main names the other commit, is refused (its line names
+    both commits), and with --override continues, config.json recording the new commit."""
+    rows = data.read_rows("builtin:tiny:train")
+    older = "".join(json.dumps(r) + "\n" for r in rows)
+    newer = "".join(json.dumps({**r, "answer": "1"}) + "\n" for r in rows)
+    other = "fedcba9876543210fedcba9876543210fedcba98"
+    fill_cache(hub_cache, "org/sums", {"train.jsonl": older.encode()})
+    fill_cache(hub_cache, "org/sums", {"train.jsonl": newer.encode()}, at=other, ref="v2")
+    name = "hf://datasets/org/sums/train.jsonl"
+    assert data.read_rows(name) == rows
+    assert data.read_rows("hf://datasets/org/sums@v2/train.jsonl")[0]["answer"] == "1"
+    assert data.read_rows(f"hf://datasets/org/sums@{commit}/train.jsonl") == rows
+
+    class ChecksPassed(Exception):
+        pass
+
+    def stop(*args):
+        raise ChecksPassed
+    monkeypatch.setattr(rlep, "build_engine", stop)
+    out = tmp_path / "run"
+    command = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
+               os.path.dirname(tiny_model), "--train_file", name]
+    with pytest.raises(ChecksPassed):
+        rlep.main(command)
+    assert json.load(open(out / "config.json"))["hub_commits"][name] == commit
+    (hub_cache / "datasets--org--sums" / "refs" / "main").write_text(other)  # main moved
+    with pytest.raises(UserError, match=f"read {name} at {commit[:12]} \\(now {other[:12]}\\)"):
+        rlep.main(command + ["--resume"])
+    with pytest.raises(ChecksPassed):
+        rlep.main(command + ["--resume", "--override"])
+    saved = json.load(open(out / "config.json"))
+    assert saved["hub_commits"][name] == other
+    assert [c["field"] for c in saved["overrides"]] == [name, "train_file rows"]
 
 
 def test_rlep_py_refuses_an_unfetchable_name_with_exit_2_and_writes_nothing(tmp_path):
