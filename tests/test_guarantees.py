@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -395,7 +396,9 @@ def test_a_stopped_saves_leftovers_count_as_free_and_go_only_after_the_checks(tm
         return type("Usage", (), {"total": 1 << 40, "used": 1 << 40, "free": free["bytes"]})()
     monkeypatch.setattr(disk.shutil, "disk_usage", disk_usage)
     flags = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
-             os.path.dirname(tiny_model)]
+             os.path.dirname(tiny_model), "--resume"]
+    # the run whose save stopped: its config.json, written at its start
+    (out / "config.json").write_text(json.dumps(asdict(rlep.parse_config(flags))))
     monkeypatch.setattr(rlep, "build_engine", lambda *a, **k: pytest.fail("built an engine"))
     # a full disk: the leftover's 64 bytes are the free space, and a refusal deletes nothing
     with pytest.raises(UserError, match=r"^--out_dir .*: 64\.0 B free"):

@@ -5,11 +5,12 @@ vLLM, a recording stand-in takes the engine's place. tools/mutate.py edits the m
 copy of the repository and checks that these tests catch each edit.
 Run: python -m pytest -q tests/test_paper.py"""
 import inspect
+import json
 import math
 import os
 import re
 import statistics
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 import numpy as np
 import pytest
@@ -643,9 +644,12 @@ def test_phase_two_starts_from_the_base_models_weights(tmp_path, tiny_model, mon
         built.append({k: v.clone() for k, v in policy.model.state_dict().items()})
         raise Stop
     monkeypatch.setattr(rlep, "build_policy", build)
+    argv = ["--preset", "tiny", "--out_dir", str(out), "--phase", "2", "--collect_step", "2",
+            "--cache_dir", os.path.dirname(tiny_model), "--resume"]
+    # the run's config.json, as its start wrote it
+    (out / "config.json").write_text(json.dumps(asdict(rlep.parse_config(argv))))
     with pytest.raises(Stop):
-        rlep.main(["--preset", "tiny", "--out_dir", str(out), "--phase", "2", "--collect_step",
-                   "2", "--cache_dir", os.path.dirname(tiny_model)])
+        rlep.main(argv)
     (weights,) = built
     base = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
     assert weights.keys() == base.keys()
