@@ -12,13 +12,25 @@ from machinery import RunStopped, UserError
 
 
 def write_atomic(path: str, text: str):
-    """Write a file so that a crash leaves either the old file or the new one, never half of one."""
+    """Write a file so that a crash leaves either the old file or the new one, never half of one;
+    a full disk or a folder gone under the run stops it in one line (the old file kept)."""
     tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise cannot_write(path, e) from None
+
+
+def cannot_write(path: str, error: OSError) -> RunStopped:
+    """A run's write the disk or the folder refused: one line naming the path."""
+    return RunStopped(f"{path}: cannot write ({error.strerror}): free the disk or restore the "
+                      "folder, then --resume (what is saved is kept)")
 
 
 def read_jsonl(path: str) -> list:
@@ -56,8 +68,7 @@ def append_jsonl(path: str, rows: list):
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise RunStopped(f"{path}: cannot write ({e.strerror}): free the disk or restore the "
-                         "folder, then --resume (what is saved is kept)") from None
+        raise cannot_write(path, e) from None
 
 
 # the run folder this process holds, {lock file: its FileLock} (hold_run_folder)

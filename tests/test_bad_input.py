@@ -739,11 +739,17 @@ def test_a_resume_on_changed_rows_is_refused_unless_override(tmp_path, files, ca
 
 
 def test_a_write_or_a_prune_that_fails_stops_in_one_line_naming_the_path(tmp_path, monkeypatch):
-    """A full disk at a metrics write (/dev/full), the run folder deleted under the run, a
-    checkpoint pruning cannot remove: RunStopped (one line, exit 1), naming the path."""
+    """A full disk at a metrics write (/dev/full), the run folder deleted under the run (an
+    append, a whole file's write), a checkpoint pruning cannot remove: RunStopped (one line, exit
+    1), naming the path; a whole file's write leaves no temporary file."""
     for path in ("/dev/full", str(tmp_path / "deleted" / "metrics.jsonl")):
         with pytest.raises(RunStopped, match=f"^{path}: cannot write \\("):
             machinery.files.append_jsonl(path, [{"step": 1}])
+    (tmp_path / "a_folder").mkdir()  # a folder where the file goes
+    for path in (tmp_path / "deleted" / "config.json", tmp_path / "a_folder"):
+        with pytest.raises(RunStopped, match=f"^{path}: cannot write \\("):
+            machinery.files.write_atomic(str(path), "{}")
+    assert sorted(os.listdir(tmp_path)) == ["a_folder"]
     part = tmp_path / "phase1"
     for step in (1, 2, 3):
         folder = part / f"step_{step:06d}"

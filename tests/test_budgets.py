@@ -57,7 +57,9 @@ training_path = ["rlep.py"] + sorted(os.path.relpath(path, root) for path in
 # through the flags' checks, a checkpoint.json edited, the run's JSONL rows' keys, a JSON key
 # twice, a row's text at most a million characters, --phase collect with --pool; a JSONL append
 # or a prune that fails, one line.
-max_code_tokens = 25748
+# Raised to 25,799 (+51): a whole file's write that fails (a full disk, a folder gone), one line
+# naming the path, no temporary file left (files.write_atomic).
+max_code_tokens = 25799
 
 
 def read_lines(name):
