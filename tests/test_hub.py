@@ -108,6 +108,16 @@ def test_a_hub_model_resolves_to_its_cached_folder(hub_cache, tiny_model, tmp_pa
         hub.model_folder("org/absent", str(tmp_path))
 
 
+class ChecksPassed(Exception):
+    """A run got past the preflight: its engine is where the test stops it."""
+
+
+def stop_at_the_engine(monkeypatch):
+    def stop(*args):
+        raise ChecksPassed
+    monkeypatch.setattr(rlep, "build_engine", stop)
+
+
 def test_a_run_takes_hub_names_and_saves_them_as_given(hub_cache, tiny_model, tmp_path,
                                                       monkeypatch):
     """The tiny preset with its model and both files by hub name: past the checks (the engine
@@ -119,12 +129,7 @@ def test_a_run_takes_hub_names_and_saves_them_as_given(hub_cache, tiny_model, tm
     fill_cache(hub_cache, "org/sums", {f"{split}.jsonl": text.encode()
                                        for split, text in lines.items()})
 
-    class ChecksPassed(Exception):
-        pass
-
-    def stop(*args):
-        raise ChecksPassed
-    monkeypatch.setattr(rlep, "build_engine", stop)
+    stop_at_the_engine(monkeypatch)
     out = tmp_path / "run"
     names = ["--model_path", "org/tiny-math", "--train_file", "hf://datasets/org/sums/train.jsonl",
              "--val_file", "hf://datasets/org/sums/val.jsonl"]
@@ -150,12 +155,7 @@ def test_a_revision_is_read_at_it_and_a_resume_on_a_moved_name_is_refused(
     assert data.read_rows("hf://datasets/org/sums@v2/train.jsonl")[0]["answer"] == "1"
     assert data.read_rows(f"hf://datasets/org/sums@{commit}/train.jsonl") == rows
 
-    class ChecksPassed(Exception):
-        pass
-
-    def stop(*args):
-        raise ChecksPassed
-    monkeypatch.setattr(rlep, "build_engine", stop)
+    stop_at_the_engine(monkeypatch)
     out = tmp_path / "run"
     command = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
                os.path.dirname(tiny_model), "--train_file", name]
