@@ -9,7 +9,6 @@ import os
 import re
 
 import nbformat
-import pytest
 
 from tools import run_notebook
 
