@@ -1119,7 +1119,7 @@ def main(argv=None):
     # free the GPU for the trainer; the first push wakes it
     engine.sleep()
     if d.master_process:
-        print(engine.memory_line(), flush=True)
+        print(engine.memory_line(cfg.preset), flush=True)
     try:
         if cfg.phase in ("all", "1"):
             rows = given_pool if baseline_on_pool else train_rows

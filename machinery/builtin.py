@@ -8,6 +8,7 @@ import shutil
 
 import numpy as np
 import torch
+from filelock import FileLock
 
 
 def chat_rows(problems: dict, prefix: str) -> list[dict]:
@@ -81,8 +82,8 @@ def builtin_rows(name: str) -> list[dict]:
 
 
 def model_folder(name: str, cache_dir: str, build: bool = True) -> str:
-    """A built-in model's folder in cache_dir, made there (if `build`) under a temporary name,
-    renamed when complete; two processes may build it at once."""
+    """A built-in model's folder in cache_dir, made there (if `build`) under a lock and a
+    temporary name, renamed when complete."""
     builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}
     if name not in builders:
         raise ValueError(f"{name}: unknown built-in model; use one of {sorted(builders)}")
@@ -90,16 +91,15 @@ def model_folder(name: str, cache_dir: str, build: bool = True) -> str:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # before a build of seconds
         raise ValueError(f"{name}: {out_dir} is a file, not the model's folder: move it away")
     if build and not os.path.isdir(out_dir):
-        temporary = f"{out_dir}.tmp{os.getpid()}"
-        builders[name](temporary)
-        try:
-            os.replace(temporary, out_dir)
-        except OSError:
+        os.makedirs(cache_dir, exist_ok=True)
+        # one build at a time: a second run started beside this one (the studies' two streams)
+        # waits here, then finds the folder made
+        with FileLock(out_dir + ".lock"):
             if not os.path.isdir(out_dir):
-                raise
-            # another process (a second run started beside this one) made it first: the builds are
-            # alike, so theirs is kept and this one's goes
-            shutil.rmtree(temporary)
+                temporary = out_dir + ".tmp"
+                shutil.rmtree(temporary, ignore_errors=True)  # a killed build's
+                builders[name](temporary)
+                os.replace(temporary, out_dir)
     return out_dir
 
 

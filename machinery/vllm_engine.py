@@ -18,6 +18,13 @@ warnings.filterwarnings("ignore", category=FutureWarning, module="vllm")
 logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
 
 
+# docs/gpu.md's estimates of a GPU preset's first figures on an 80 GB GPU: vLLM's KV cache, and
+# torch's peak in the update as the step lines' peak_gib shows it (the memory budget's update
+# less the CUDA context and vLLM asleep)
+estimates = {"gpu": "KV cache 33-35 GiB, 1.32 M tokens; peak_gib 32.4",
+             "node": "KV cache 45-47 GiB, 1.76 M tokens; peak_gib 19.4"}
+
+
 class Completion(NamedTuple):
     token_ids: list[int]
     logprobs: list[float] | None  # vLLM's log-prob of each sampled token
@@ -76,10 +83,10 @@ class Engine:
         if self.sleeps:
             self.llm.sleep(level=2)
 
-    def memory_line(self) -> str:
+    def memory_line(self, preset: str = "") -> str:
         """The KV cache vLLM sized (its own log line, hidden by default), in tokens and GiB, and
-        on a GPU the memory left free while it sleeps: the first figures to hold against the
-        preset's estimate (docs/gpu.md: the first GPU hour)."""
+        on a GPU the memory left free while it sleeps, then the preset's estimates of the first
+        figures (docs/gpu.md: the first GPU hour)."""
         cache = self.llm.llm_engine.vllm_config.cache_config
         text = self.llm.llm_engine.model_config.hf_text_config
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -89,6 +96,8 @@ class Engine:
         line = f"vLLM: KV cache {tokens:,} tokens, {size * self.dtype.itemsize / 2**30:.1f} GiB"
         if torch.cuda.is_available():
             line += f"; asleep, {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB of the GPU free"
+        if preset in estimates:
+            line += f" (est. for --preset {preset}: {estimates[preset]})"
         return line
 
     def push(self, model: torch.nn.Module = None, path: str = None):

@@ -555,7 +555,7 @@ class FinishedRunsEngine:
     def sleep(self):
         pass
 
-    def memory_line(self):
+    def memory_line(self, preset=""):
         return "vLLM: a stand-in"
 
     def shutdown(self, wake=False):

@@ -419,28 +419,39 @@ def test_a_stopped_saves_leftovers_count_as_free_and_go_only_after_the_checks(tm
 
 # -----------------------------------------------------------------------------------------
 # A built-in model made by two processes at once (two runs started side by side in a fresh
-# clone, as the studies' two streams): the one that renames second keeps the first's
+# clone, as the studies' two streams): the second waits for the first's lock and builds nothing
 
-def test_a_built_in_model_built_twice_at_once_keeps_the_first_and_no_temporary(
+def test_a_built_in_model_is_built_once_under_a_lock_and_no_temporary_is_left(
         tmp_path, monkeypatch):
+    import threading
+    from filelock import FileLock
     cache = tmp_path / "cache"
+    builds = []
 
-    def build(out_dir, mine="second"):
+    def build(out_dir):
+        builds.append(out_dir)
         os.makedirs(out_dir)
-        open(os.path.join(out_dir, "weights"), "w").write(mine)
-        if mine == "second":  # the rival finishes while this one builds
-            build(str(cache / "tiny.tmp1"), "first")
-            os.replace(cache / "tiny.tmp1", cache / "tiny")
+        open(os.path.join(out_dir, "weights"), "w").write("second")
     monkeypatch.setattr(builtin, "build_tiny_model", build)
-    assert hub.model_folder("builtin:tiny", str(cache)) == str(cache / "tiny")
-    assert open(cache / "tiny" / "weights").read() == "first"
-    assert os.listdir(cache) == ["tiny"]
-    # a rename that fails for another reason is not hidden
-    monkeypatch.setattr(hub.os, "replace", lambda a, b: (_ for _ in ()).throw(
-        PermissionError(a)))
-    monkeypatch.setattr(builtin, "build_tiny_model", lambda out_dir: os.makedirs(out_dir))
-    with pytest.raises(PermissionError):
-        hub.model_folder("builtin:tiny", str(tmp_path / "other"))
+    cache.mkdir()
+    (cache / "tiny.tmp").mkdir()  # a build killed before its rename
+    rival = FileLock(str(cache / "tiny.lock"))
+    rival.acquire()  # the first run is building
+    second = threading.Thread(target=hub.model_folder, args=("builtin:tiny", str(cache)))
+    second.start()
+    second.join(timeout=1)
+    assert second.is_alive() and builds == []  # waiting, not building beside it
+    (cache / "tiny.tmp").rename(cache / "tiny")
+    (cache / "tiny" / "weights").write_text("first")
+    rival.release()
+    second.join(timeout=30)
+    assert builds == [] and (cache / "tiny" / "weights").read_text() == "first"
+    # alone, a build clears a killed build's leftovers and leaves no temporary
+    other = tmp_path / "other"
+    (other / "tiny.tmp").mkdir(parents=True)
+    assert hub.model_folder("builtin:tiny", str(other)) == str(other / "tiny")
+    assert builds == [str(other / "tiny.tmp")] and sorted(os.listdir(other)) == ["tiny",
+                                                                                  "tiny.lock"]
 
 
 # -----------------------------------------------------------------------------------------

@@ -405,7 +405,7 @@ class StubEngine:
     def sleep(self):
         pass
 
-    def memory_line(self):
+    def memory_line(self, preset=""):
         return "vLLM: a stand-in"
 
     def shutdown(self, wake=False):

@@ -35,7 +35,7 @@ class EngineStandIn:
     def sleep(self):
         pass
 
-    def memory_line(self):
+    def memory_line(self, preset=""):
         return "vLLM: a stand-in"
 
     def shutdown(self, wake=False):

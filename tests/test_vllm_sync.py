@@ -6,6 +6,7 @@ Run: python -m pytest -q tests/test_vllm_sync.py"""
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -220,5 +221,11 @@ def test_the_memory_line_sizes_the_kv_cache_as_vllm_does(engine):
     _, engine = engine
     cache = engine.llm.llm_engine.vllm_config.cache_config
     tokens = cache.num_gpu_blocks * cache.block_size
-    assert engine.memory_line() == (f"vLLM: KV cache {tokens:,} tokens, "
-                                    f"{cache.kv_cache_memory_bytes / 2**30:.1f} GiB")
+    line = (f"vLLM: KV cache {tokens:,} tokens, {cache.kv_cache_memory_bytes / 2**30:.1f} GiB")
+    assert engine.memory_line("tiny") == line
+    # a GPU preset's line gives docs/gpu.md's estimates beside, and the page says the same
+    gpu_md = open(os.path.join(os.path.dirname(__file__), "..", "docs", "gpu.md")).read()
+    for preset, estimate in vllm_engine.estimates.items():
+        assert engine.memory_line(preset) == f"{line} (est. for --preset {preset}: {estimate})"
+        for figure in re.findall(r"\d[\d.-]*", estimate):
+            assert figure in gpu_md, (preset, figure)
