@@ -54,11 +54,11 @@ def checkpoint_size(model_path: str, ranks: int = 1) -> CheckpointSize:
     model: 1,662,188 B; 1,576,574 B measured. The model is built on the meta device."""
     tensors = list(meta_model(model_path).parameters())  # tied ones once, as a checkpoint saves
     params = sum(p.numel() for p in tensors)
-    names = os.listdir(model_path) if os.path.isdir(model_path) else []
-    files = [os.path.join(model_path, name) for name in names
-             if not name.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf"))]
     weights = 4 * params + (1 << 10) * len(tensors) + (16 << 10)
-    weights += sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    # a folder: the preflight's check_model refused anything else before; a file through its
+    # link, as huggingface_hub's cache holds them
+    weights += sum(entry.stat().st_size for entry in os.scandir(model_path) if entry.is_file()
+                   and not entry.name.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf")))
     return CheckpointSize(weights + 8 * params + (8 << 10) * len(tensors) * ranks, weights)
 
 
@@ -68,25 +68,19 @@ def disk_budget(cfg, size: CheckpointSize, held: dict) -> dict:
     are replayed as checkpoints.save and prune_checkpoints make them: a new checkpoint is written
     whole beside the others, then the older ones are pruned. Phase one's checkpoints stay through
     phase two."""
-    sizes = {key: now for key, (now, _) in held.items()}
-    weights = {key: alone for key, (_, alone) in held.items()}
-    on_disk = peak = sum(sizes.values())
+    held = dict(held)  # {(part, step): (bytes now, bytes without AdamW's state)}, replayed
+    on_disk = peak = sum(now for now, _ in held.values())
     parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"]}
     for part in parts.get(cfg.phase, []):
-        protected = protected_steps(cfg, part)
         # a part resumes after its newest checkpoint (rlep.train)
-        done = max([step for p, step in sizes if p == part], default=0)
-        for step in save_plan(cfg, part):
-            if step <= done:
-                continue
-            sizes[part, step], weights[part, step] = size
-            peak = max(peak, sum(sizes.values()))
-            mine = sorted(s for p, s in sizes if p == part)
-            for old in pruned(mine, cfg.keep_checkpoints):
-                if old in protected:
-                    sizes[part, old] = weights[part, old]
-                else:
-                    del sizes[part, old]
+        done = max([step for p, step in held if p == part], default=0)
+        for step in [step for step in save_plan(cfg, part) if step > done]:
+            held[part, step] = size
+            peak = max(peak, sum(now for now, _ in held.values()))
+            for old in pruned(sorted(s for p, s in held if p == part), cfg.keep_checkpoints):
+                _, weights = held.pop((part, old))
+                if old in protected_steps(cfg, part):  # its weights stay, its AdamW state goes
+                    held[part, old] = (weights, weights)
     return {"per_checkpoint": size.whole, "peak": peak, "on_disk": on_disk,
             "need": peak - on_disk}
 
