@@ -15,9 +15,10 @@ def add_timings(out_dir: str, total: float, parts: dict, **more):
     earlier = (read_jsonl(path) or [{}])[0]  # one line
     spent = collections.Counter(earlier.get("parts_s", {}))
     spent.update(parts)
-    write_atomic(path, json.dumps({"total_s": earlier.get("total_s", 0) + total, "parts_s": spent,
-                                   "processes": earlier.get("processes", 1 if earlier else 0) + 1,
-                                   **more}))
+    processes = earlier.get("processes", 1 if earlier else 0) + 1
+    timings = {"total_s": earlier.get("total_s", 0) + total, "parts_s": spent,
+               "processes": processes, **more}
+    write_atomic(path, json.dumps(timings))
 
 
 def validation_curves(run_dir: str, part: str) -> dict:
