@@ -54,12 +54,16 @@ def checkpoint_size(model_path: str, ranks: int = 1) -> CheckpointSize:
     model: 1,662,188 B; 1,576,574 B measured. The model is built on the meta device."""
     tensors = list(meta_model(model_path).parameters())  # tied ones once, as a checkpoint saves
     params = sum(p.numel() for p in tensors)
-    names = os.listdir(model_path) if os.path.isdir(model_path) else []
-    files = [os.path.join(model_path, name) for name in names
-             if not name.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf"))]
     weights = 4 * params + (1 << 10) * len(tensors) + (16 << 10)
-    weights += sum(os.path.getsize(f) for f in files if os.path.isfile(f))
+    # a folder: the preflight's check_model refused anything else before; a file through its
+    # link, as huggingface_hub's cache holds them
+    weights += sum(entry.stat().st_size for entry in os.scandir(model_path) if entry.is_file()
+                   and not entry.name.endswith((".safetensors", ".bin", ".pt", ".pth", ".gguf")))
     return CheckpointSize(weights + 8 * params + (8 << 10) * len(tensors) * ranks, weights)
+
+
+# the parts each --phase trains, in order
+trained_parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"], "collect": []}
 
 
 def disk_budget(cfg, size: CheckpointSize, held: dict) -> dict:
@@ -68,25 +72,18 @@ def disk_budget(cfg, size: CheckpointSize, held: dict) -> dict:
     are replayed as checkpoints.save and prune_checkpoints make them: a new checkpoint is written
     whole beside the others, then the older ones are pruned. Phase one's checkpoints stay through
     phase two."""
-    sizes = {key: now for key, (now, _) in held.items()}
-    weights = {key: alone for key, (_, alone) in held.items()}
-    on_disk = peak = sum(sizes.values())
-    parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"]}
-    for part in parts.get(cfg.phase, []):
-        protected = protected_steps(cfg, part)
+    held = dict(held)  # {(part, step): (bytes now, bytes without AdamW's state)}, replayed
+    on_disk = peak = sum(now for now, _ in held.values())
+    for part in trained_parts[cfg.phase]:
         # a part resumes after its newest checkpoint (rlep.train)
-        done = max([step for p, step in sizes if p == part], default=0)
-        for step in save_plan(cfg, part):
-            if step <= done:
-                continue
-            sizes[part, step], weights[part, step] = size
-            peak = max(peak, sum(sizes.values()))
-            mine = sorted(s for p, s in sizes if p == part)
-            for old in pruned(mine, cfg.keep_checkpoints):
-                if old in protected:
-                    sizes[part, old] = weights[part, old]
-                else:
-                    del sizes[part, old]
+        done = max([step for p, step in held if p == part], default=0)
+        for step in [step for step in save_plan(cfg, part) if step > done]:
+            held[part, step] = size
+            peak = max(peak, sum(now for now, _ in held.values()))
+            for old in pruned(sorted(s for p, s in held if p == part), cfg.keep_checkpoints):
+                _, weights = held.pop((part, old))
+                if old in protected_steps(cfg, part):  # its weights stay, its AdamW state goes
+                    held[part, old] = (weights, weights)
     return {"per_checkpoint": size.whole, "peak": peak, "on_disk": on_disk,
             "need": peak - on_disk}
 
@@ -96,8 +93,8 @@ def log_bytes(cfg, num_rows: int) -> int:
     prompt) and samples (8 B a token), the collection's progress.jsonl and pool.jsonl (each
     prompt's K answers at L_max tokens of 4 B: both copies of the right ones, if at most half
     are), 1 MB for config.json, timings.json, curves.png."""
-    steps = cfg.phase1_steps * (cfg.phase in ("all", "1"))
-    steps += cfg.phase2_steps * (cfg.phase in ("all", "2"))
+    steps = sum(cfg.phase1_steps if part == "phase1" else cfg.phase2_steps
+                for part in trained_parts[cfg.phase])
     sample = 8 * (cfg.max_prompt_len + cfg.max_response_len)
     per_step = 2000 + 120 * cfg.prompts_per_step + cfg.log_samples * sample
     collects = cfg.phase in ("all", "collect") and not cfg.pool
@@ -140,11 +137,12 @@ def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1) -> str:
     # the output folder may not exist yet: the disk it will be on
     where = nearest_folder(cfg.out_dir)
     free = shutil.disk_usage(where).free + sum(map(folder_bytes, leftovers(cfg.out_dir)))
-    peak, each, held = (show_bytes(need[k]) for k in ("peak", "per_checkpoint", "on_disk"))
     if need["need"] + logs > free:
         raise UserError(f"--out_dir {cfg.out_dir}: {show_bytes(free)} free, this command's "
                         f"checkpoints and logs need {show_bytes(need['need'] + logs)} more: free "
                         "some, lower --keep_checkpoints, or use another --out_dir")
-    return (f"disk: checkpoints peak at {peak} ({each} each, --keep_checkpoints "
-            f"{cfg.keep_checkpoints}), {held} of them on disk already; metrics, samples and the "
-            f"pool up to {show_bytes(logs)}; {show_bytes(free)} free in {where}")
+    return (f"disk: checkpoints peak at {show_bytes(need['peak'])} "
+            f"({show_bytes(need['per_checkpoint'])} each, --keep_checkpoints "
+            f"{cfg.keep_checkpoints}), {show_bytes(need['on_disk'])} of them on disk already; "
+            f"metrics, samples and the pool up to {show_bytes(logs)}; {show_bytes(free)} free in "
+            f"{where}")

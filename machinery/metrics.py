@@ -54,9 +54,8 @@ def step_record(ranks: list[dict]) -> dict:
     for counts in ranks:
         ends.update(counts["ends"])
         visits += counts["visits"]
-        sums = {k: v for k, v in counts.items() if k not in ("ends", "visits")}
         # update adds negative sums too (a Counter's + would drop them)
-        total.update(sums)
+        total.update({k: v for k, v in counts.items() if k not in ("ends", "visits")})
     return {"reward_mean": total["reward"] / total["samples"],
             "acc_fresh": total["correct"] / total["fresh"],
             "response_len": total["tokens"] / total["fresh"],
@@ -124,21 +123,19 @@ def track(part: str, record: dict):
     """A metrics.jsonl row, its numbers under the part's name; nothing when not tracking."""
     if wandb_run is None:
         return
-    numbers = {k: v for k, v in record.items()
-               if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    wandb_run.log({f"{part}/{k}": v for k, v in numbers.items()})
+    wandb_run.log({f"{part}/{k}": v for k, v in record.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)})
 
 
-def finish_wandb(table: str = ""):
-    """The comparison table (comparison_table's markdown) as a W&B table, then the end."""
+def finish_wandb(table: list = ()):
+    """The comparison table (report.comparison_rows', the header first) as a W&B table, then the
+    end."""
     global wandb_run
     if wandb_run is None:
         return
     if table:
         import wandb
-        head, _, *body = [line.strip("|").split(" | ") for line in table.splitlines()]
-        columns = [c.strip() for c in head]
-        rows = [[c.strip() for c in row] for row in body]
+        columns, *rows = table
         wandb_run.log({"comparison": wandb.Table(columns=columns, data=rows)})
     wandb_run.finish()
     wandb_run = None

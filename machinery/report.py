@@ -31,22 +31,19 @@ def validation_curves(run_dir: str, part: str) -> dict:
     return {key: sorted(points.items()) for key, points in curves.items()}
 
 
-def comparison_table(run_dirs: list[str]) -> str:
-    """The paper's comparison per run and validation metric: the peaks, when RLEP first reaches
-    the baseline's, the finals."""
+def comparison_rows(run_dirs: list[str]) -> list[list[str]]:
+    """The paper's comparison per run and validation metric, a row each under the header: the
+    peaks, when RLEP first reaches the baseline's, the finals. The rows the Markdown table and
+    W&B's table are made of."""
     def cell(point):
-        if point is None:
-            return "n/a"
-        return f"{100 * point[1]:.1f} (step {point[0]})"
+        return "n/a" if point is None else f"{100 * point[1]:.1f} (step {point[0]})"
 
     def peak(curve):
         # the earliest of equal peaks
-        if not curve:
-            return None
-        return max(curve, key=lambda point: (point[1], -point[0]))
+        return max(curve, key=lambda point: (point[1], -point[0]), default=None)
 
-    lines = ["| run | metric | baseline peak | RLEP reaches it at | RLEP peak "
-             "| baseline final | RLEP final |", "|---" * 7 + "|"]
+    rows = [["run", "metric", "baseline peak", "RLEP reaches it at", "RLEP peak",
+             "baseline final", "RLEP final"]]
     for run_dir in run_dirs:
         base_curves = validation_curves(run_dir, "phase1")
         rlep_curves = validation_curves(run_dir, "phase2")
@@ -62,11 +59,20 @@ def comparison_table(run_dirs: list[str]) -> str:
                 target = peak(base)[1]
                 reached = next((f"step {s}" for s, v in ours if v >= target),
                                "never")
-            cells = [name, key, cell(peak(base)), reached, cell(peak(ours)),
-                     cell(base[-1] if base else None),
-                     cell(ours[-1] if ours else None)]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            rows.append([name, key, cell(peak(base)), reached, cell(peak(ours)),
+                         cell(base[-1] if base else None), cell(ours[-1] if ours else None)])
+    return rows
+
+
+def markdown(rows: list[list[str]]) -> str:
+    """A table's rows, the header first, in Markdown."""
+    head, *body = [f"| {' | '.join(row)} |" for row in rows]
+    return "\n".join([head, "|---" * len(rows[0]) + "|", *body])
+
+
+def comparison_table(run_dirs: list[str]) -> str:
+    """comparison_rows in Markdown."""
+    return markdown(comparison_rows(run_dirs))
 
 
 def save_plot(path: str, panels: dict, ylabel: str) -> str:
@@ -81,8 +87,7 @@ def save_plot(path: str, panels: dict, ylabel: str) -> str:
                              squeeze=False, layout="constrained")
     for ax, (title, lines) in zip(axes[0], panels.items()):
         for label, steps, values, style, colour in lines:
-            percent = [100 * v for v in values]
-            ax.plot(steps, percent, style, color=f"C{colour}", marker=".",
+            ax.plot(steps, [100 * v for v in values], style, color=f"C{colour}", marker=".",
                     label=label)
         ax.set(title=title, xlabel="training step", ylabel=ylabel)
         ax.legend()
@@ -100,21 +105,20 @@ def plot_comparison(run_dirs: list[str], path: str) -> str:
         name = os.path.basename(os.path.normpath(run_dir))
         for part, label, style in parts:
             for key, curve in validation_curves(run_dir, part).items():
-                steps = [s for s, _ in curve]
-                values = [v for _, v in curve]
+                steps, values = map(list, zip(*curve))  # a curve holds a point at least
                 panels[key].append((f"{name} {label}", steps, values, style, i))
     return save_plot(path, dict(sorted(panels.items())),
                      "validation avg@k (%)")
 
 
-def final_report(out_dir: str, compare: bool, total: float, spent: dict, gflops) -> str:
-    """Rank 0's end of rlep.py: with `compare`, the comparison table (returned; else "") and
-    curves.png; the time table, seconds per activity; timings.json, where a resumed run's
-    processes add up."""
-    table = ""
+def final_report(out_dir: str, compare: bool, total: float, spent: dict, gflops) -> list:
+    """Rank 0's end of rlep.py: with `compare`, the comparison table (printed, its rows
+    returned; else []) and curves.png; the time table, seconds per activity; timings.json, where
+    a resumed run's processes add up."""
+    table = []
     if compare:
-        table = comparison_table([out_dir])
-        print(table)
+        table = comparison_rows([out_dir])
+        print(markdown(table))
         print(plot_comparison([out_dir], os.path.join(out_dir, "curves.png")))
     shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()]
     print(f"time: {total:.0f} s | " + " | ".join(shown))
