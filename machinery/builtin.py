@@ -9,6 +9,8 @@ import shutil
 import numpy as np
 import torch
 
+from machinery import UserError
+
 
 def chat_rows(problems: dict, prefix: str) -> list[dict]:
     """Rows of the cpu presets' chat: an empty system turn (no default system prompt, 14 tokens
@@ -75,7 +77,7 @@ def builtin_rows(name: str) -> list[dict]:
             splits["train"] += rows[:16]
             splits["val"] += rows[16:]
     if task not in ("tiny", "arith", "arith-mix") or split not in splits:
-        raise ValueError(f"{name}: unknown built-in data; use builtin:tiny:train|val, "
+        raise UserError(f"{name}: unknown built-in data; use builtin:tiny:train|val, "
                          "builtin:arith:train|val or builtin:arith-mix:train|val")
     return splits[split]
 
