@@ -143,16 +143,15 @@ def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: 
         answer = tokenizer(f"Answer: {row['answer']}<|im_end|>")["input_ids"]
         # the loss on the answer only
         examples.append((prompt + answer, [-100] * len(prompt) + answer))
-    # (steps * batch_size, L), rows drawn at random: all rows have one length
-    drawn = np.random.default_rng(seed).integers(0, len(rows), steps * batch_size)
-    input_ids, labels = torch.tensor(examples)[drawn].unbind(1)
+    # each step's batch, rows drawn at random: (batch_size, 2: ids and labels, L), all rows of one
+    # length
+    drawn = np.random.default_rng(seed).integers(0, len(rows), (steps, batch_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    for step in range(steps):
+    for step, batch in enumerate(torch.tensor(examples)[drawn]):
         # cosine to zero: where we stop does not hang on one lucky step
         for group in optimizer.param_groups:
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-        part = slice(step * batch_size, (step + 1) * batch_size)
-        model(input_ids=input_ids[part], labels=labels[part]).loss.backward()
+        model(input_ids=batch[:, 0], labels=batch[:, 1]).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
     model.save_pretrained(out_dir)

@@ -53,12 +53,9 @@ def normalize_row(raw: dict, where: str) -> dict:
                         f"{max_text:,} (the tokenizer would abort on tens of millions)")
     row_id = row.id if row.id not in (None, "") else hashlib.sha1(
         row.problem.encode()).hexdigest()[:12]
-    fields = {
-        "id": str(row_id), "problem": row.problem, "answer": answer_text(row.answer),
-        "prompt": [m.model_dump() for m in row.prompt] if row.prompt else None,
-        "responses": row.responses, "data_source": row.data_source,
-    }
-    return {k: v for k, v in fields.items() if v is not None}
+    # the fields given, in Row's order, the prompt's messages as dicts
+    return {"id": str(row_id), **row.model_dump(exclude={"id"}, exclude_none=True),
+            "answer": answer_text(row.answer)}
 
 
 def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> list[dict]:
