@@ -137,8 +137,8 @@ def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: 
     rows = builtin_rows("builtin:tiny:train") + builtin_rows("builtin:tiny:val")
     examples = []
     for row in rows:
-        messages = [{"role": "user", "content": row["problem"]}]
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": row["problem"]}],
+                                               add_generation_prompt=True,
                                                return_dict=True)["input_ids"]
         answer = tokenizer(f"Answer: {row['answer']}<|im_end|>")["input_ids"]
         # the loss on the answer only

@@ -174,7 +174,6 @@ def read_inputs(cfg) -> tuple:
     """The training rows (phase two reads them only to visit every prompt), the validation rows,
     the pool given with --pool (None without)."""
     needs_rows = cfg.phase != "2" or cfg.phase2_prompts == "all"
-    train_rows = read_rows(cfg.train_file, cache_dir=cfg.cache_dir) if needs_rows else []
-    val_rows = read_rows(cfg.val_file, cache_dir=cfg.cache_dir) if cfg.val_every else []
-    pool = load_pool(cfg.pool, cfg.cache_dir) if cfg.pool else None
-    return train_rows, val_rows, pool
+    return (read_rows(cfg.train_file, cache_dir=cfg.cache_dir) if needs_rows else [],
+            read_rows(cfg.val_file, cache_dir=cfg.cache_dir) if cfg.val_every else [],
+            load_pool(cfg.pool, cfg.cache_dir) if cfg.pool else None)
