@@ -41,8 +41,8 @@ mix_kinds = {"sum-2d": ("+", (10, 100), (10, 100)), "product-1x2d": ("*", (2, 10
 
 
 def drawn_problems(rng, count: int, kind) -> dict:
-    """count distinct problems, {"a op b": its value}, each of the mix_kinds kind that kind()
-    names, drawn by rng until new."""
+    """count distinct problems, {"a op b": its value}: each of the kind (a key of mix_kinds) that
+    kind() names, drawn by rng, and drawn again until it is new."""
     problems = {}
     while len(problems) < count:
         op, first, second = mix_kinds[kind()]
