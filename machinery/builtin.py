@@ -10,32 +10,46 @@ import numpy as np
 import torch
 from filelock import FileLock
 
+from machinery import UserError
 
-def chat_rows(problems: dict, prefix: str) -> list[dict]:
-    """Rows of the cpu presets' chat: an empty system turn (no default system prompt, 14 tokens
-    less), two worked examples, the question. problems: {question: answer} or {question: (answer,
-    kind)}, a kind becoming the row's data_source."""
-    shots = []
-    for question, answer in (("17 + 25", 42), ("6 * 13", 78)):
-        shots.append({"role": "user", "content": f"What is {question}?"})
-        reply = f"{question} = {answer}.\nAnswer: {answer}"
-        shots.append({"role": "assistant", "content": reply})
-    system = [{"role": "system", "content": ""}]
+
+# the cpu presets' chat before each question: an empty system turn (no default system prompt, 14
+# tokens less) and two worked examples
+chat_examples = [{"role": "system", "content": ""},
+                 {"role": "user", "content": "What is 17 + 25?"},
+                 {"role": "assistant", "content": "17 + 25 = 42.\nAnswer: 42"},
+                 {"role": "user", "content": "What is 6 * 13?"},
+                 {"role": "assistant", "content": "6 * 13 = 78.\nAnswer: 78"}]
+
+
+def chat_rows(problems: dict, prefix: str, kind: str = None) -> list[dict]:
+    """Rows of the cpu presets' chat: chat_examples, then the question. problems: {question:
+    answer}; a kind, where given, is each row's data_source."""
     rows = []
     for i, (question, answer) in enumerate(problems.items()):
         problem = f"What is {question}?"
-        user = {"role": "user", "content": problem}
-        row = {"id": f"{prefix}-{i}", "problem": problem, "prompt": system + shots + [user]}
-        if isinstance(answer, tuple):
-            answer, row["data_source"] = answer
-        rows.append({**row, "answer": str(answer)})
+        rows.append({"id": f"{prefix}-{i}", "problem": problem,
+                     "prompt": chat_examples + [{"role": "user", "content": problem}],
+                     **({"data_source": kind} if kind else {}), "answer": str(answer)})
     return rows
 
 
-# arith-mix's kinds of problem, easiest first: (first operand, second operand) ranges
+# the kinds of problem (arith's are the first two), easiest first: (first operand, second
+# operand) ranges
 mix_kinds = {"sum-2d": ("+", (10, 100), (10, 100)), "product-1x2d": ("*", (2, 10), (11, 100)),
              "sum-3d": ("+", (100, 1000), (100, 1000)),
              "product-1x3d": ("*", (2, 10), (100, 1000))}
+
+
+def drawn_problems(rng, count: int, kind) -> dict:
+    """count distinct problems, {"a op b": its value}: each of the kind (a key of mix_kinds) that
+    kind() names, drawn by rng, and drawn again until it is new."""
+    problems = {}
+    while len(problems) < count:
+        op, first, second = mix_kinds[kind()]
+        a, b = int(rng.integers(*first)), int(rng.integers(*second))
+        problems[f"{a} {op} {b}"] = a + b if op == "+" else a * b
+    return problems
 
 
 def builtin_rows(name: str) -> list[dict]:
@@ -45,38 +59,29 @@ def builtin_rows(name: str) -> list[dict]:
     each of mix_kinds, 16 to train and 16 to validate, the kind as data_source (the cpu-hard
     preset)."""
     _, task, split = (name.split(":") + [""])[:3]
+    rng = np.random.default_rng(0)
+    splits = {}
     if task == "tiny":
         sums = [(f"{a}+{b}", a + b) for a in range(10) for b in range(10 - a)]
         differences = [(f"{a}-{b}", a - b) for a in range(10) for b in range(a + 1)]
         rows = [{"id": f"tiny-{p}", "problem": p, "answer": str(x)}
                 for p, x in sums + differences]
-        np.random.default_rng(0).shuffle(rows)
+        rng.shuffle(rows)
         splits = {"val": rows[:30], "train": rows[30:]}
     elif task == "arith":
-        rng = np.random.default_rng(0)
-        problems = {}
-        while len(problems) < 128:
-            if rng.random() < 0.5:
-                a, b = rng.integers(10, 100), rng.integers(10, 100)
-                problems[f"{a} + {b}"] = a + b
-            else:
-                a, b = rng.integers(2, 10), rng.integers(11, 100)
-                problems[f"{a} * {b}"] = a * b
+        # a sum or a product, as a coin falls
+        problems = drawn_problems(rng, 128,
+                                  lambda: "sum-2d" if rng.random() < 0.5 else "product-1x2d")
         rows = chat_rows(problems, "arith")
         splits = {"train": rows[:64], "val": rows[64:]}
     elif task == "arith-mix":
-        rng = np.random.default_rng(0)
         splits = {"train": [], "val": []}
-        for kind, (op, first, second) in mix_kinds.items():
-            problems = {}
-            while len(problems) < 32:
-                a, b = int(rng.integers(*first)), int(rng.integers(*second))
-                problems[f"{a} {op} {b}"] = (a + b if op == "+" else a * b, kind)
-            rows = chat_rows(problems, f"mix-{kind}")
+        for kind in mix_kinds:
+            rows = chat_rows(drawn_problems(rng, 32, lambda: kind), f"mix-{kind}", kind)
             splits["train"] += rows[:16]
             splits["val"] += rows[16:]
-    if task not in ("tiny", "arith", "arith-mix") or split not in splits:
-        raise ValueError(f"{name}: unknown built-in data; use builtin:tiny:train|val, "
+    if split not in splits:
+        raise UserError(f"{name}: unknown built-in data; use builtin:tiny:train|val, "
                          "builtin:arith:train|val or builtin:arith-mix:train|val")
     return splits[split]
 
@@ -131,23 +136,22 @@ def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: 
     # the format, not the answers
     rows = builtin_rows("builtin:tiny:train") + builtin_rows("builtin:tiny:val")
     examples = []
-    for i in np.random.default_rng(seed).integers(0, len(rows), steps * batch_size):
-        messages = [{"role": "user", "content": rows[i]["problem"]}]
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False,
-                                               add_generation_prompt=True)
-        prompt = tokenizer(prompt)["input_ids"]
-        answer = tokenizer(f"Answer: {rows[i]['answer']}<|im_end|>")["input_ids"]
+    for row in rows:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": row["problem"]}],
+                                               add_generation_prompt=True,
+                                               return_dict=True)["input_ids"]
+        answer = tokenizer(f"Answer: {row['answer']}<|im_end|>")["input_ids"]
         # the loss on the answer only
         examples.append((prompt + answer, [-100] * len(prompt) + answer))
-    # (steps * batch_size, L): all rows have one length
-    input_ids, labels = torch.tensor(examples).unbind(1)
+    # each step's batch, rows drawn at random: (batch_size, 2: ids and labels, L), all rows of one
+    # length
+    drawn = np.random.default_rng(seed).integers(0, len(rows), (steps, batch_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    for step in range(steps):
+    for step, batch in enumerate(torch.tensor(examples)[drawn]):
         # cosine to zero: where we stop does not hang on one lucky step
         for group in optimizer.param_groups:
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
-        part = slice(step * batch_size, (step + 1) * batch_size)
-        model(input_ids=input_ids[part], labels=labels[part]).loss.backward()
+        model(input_ids=batch[:, 0], labels=batch[:, 1]).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
     model.save_pretrained(out_dir)

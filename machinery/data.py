@@ -36,8 +36,7 @@ def normalize_row(raw: dict, where: str) -> dict:
     # pydantic only where rows are read (machinery/schema.py)
     from machinery.schema import DapoRow, Row, ValidationError, schema_error
     if not isinstance(raw, dict):
-        kind = type(raw).__name__
-        raise UserError(f"{where}: expected a JSON object, got {kind}")
+        raise UserError(f"{where}: expected a JSON object, got {type(raw).__name__}")
     try:
         if "reward_model" in raw:
             dapo = DapoRow.model_validate(raw)
@@ -54,12 +53,9 @@ def normalize_row(raw: dict, where: str) -> dict:
                         f"{max_text:,} (the tokenizer would abort on tens of millions)")
     row_id = row.id if row.id not in (None, "") else hashlib.sha1(
         row.problem.encode()).hexdigest()[:12]
-    fields = {
-        "id": str(row_id), "problem": row.problem, "answer": answer_text(row.answer),
-        "prompt": [m.model_dump() for m in row.prompt] if row.prompt else None,
-        "responses": row.responses, "data_source": row.data_source,
-    }
-    return {k: v for k, v in fields.items() if v is not None}
+    # the fields given, in Row's order, the prompt's messages as dicts
+    return {"id": str(row_id), **row.model_dump(exclude={"id"}, exclude_none=True),
+            "answer": answer_text(row.answer)}
 
 
 def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> list[dict]:
@@ -69,33 +65,19 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
     read a batch at a time (docs/gpu.md: host memory). pool: each row must carry responses; a
     DAPO row without candidates is left out, and the rows left out are counted in a line."""
     if path.startswith("builtin:"):
-        try:
-            return builtin_rows(path)
-        except ValueError as e:
-            raise UserError(str(e)) from None
+        return builtin_rows(path)
     local = local_file(path, cache_dir)
     if not os.path.isfile(local):
         raise UserError(f"{path}: no such data file")
     if not local.endswith((".parquet", ".jsonl", ".json")):
         raise UserError(f"{path}: unknown format (use .jsonl or .parquet)")
-    if local.endswith(".parquet"):
-        lines = enumerate(parquet_rows(local, path), start=1)
-    else:
-        lines = [(i, text) for i, text in enumerate(text_lines(local, path), start=1)
-                 if text.strip()]
+    file_rows = parquet_rows if local.endswith(".parquet") else jsonl_rows
     rows, left_out = {}, 0
     # each id's first row number and problem: the collection pools answers, and seeds draws, by id,
     # so one id names one problem (its rows are then one, the first kept, as any problem's repeats)
     first_of_id = {}
-    for i, raw in lines:
+    for i, raw in file_rows(local, path):
         where = f"{path}: row {i}"
-        if isinstance(raw, str):
-            try:
-                raw = json.loads(raw, object_pairs_hook=unique_keys)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{where}: not valid JSON ({e.msg})") from None
-            except UserError as e:
-                raise UserError(f"{where}: {e}") from None
         row = normalize_row(raw, where)
         if pool and not row.get("responses"):
             if "reward_model" not in raw:
@@ -113,7 +95,7 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
               flush=True)
     if not rows:
         pooled = " with pooled responses ('responses' or 'reward_model.candidates')"
-        raise UserError(f"{path}: no rows{pooled if pool else ''}")
+        raise UserError(f"{path}: no rows{pooled * pool}")
     return list(rows.values())
 
 
@@ -128,24 +110,32 @@ def unique_keys(pairs: list) -> dict:
     return dict(pairs)
 
 
-def text_lines(path: str, name: str) -> list[str]:
-    """A JSONL file's lines, each decoded on its own: a bad byte is named by row (in the file the
-    user named)."""
-    lines = []
+def jsonl_rows(path: str, name: str):
+    """A JSONL file's rows, (line number, its JSON), blank lines skipped, a line at a time: each
+    line decoded on its own, so that a bad byte or bad JSON is named by row (in the file the user
+    named)."""
     with open(path, "rb") as f:
         for i, line in enumerate(f, start=1):
             try:
                 # a byte-order mark (editors write one) is not part of the first row
-                lines.append(line.decode("utf-8-sig" if i == 1 else "utf-8"))
+                text = line.decode("utf-8-sig" if i == 1 else "utf-8")
+                if not text.strip():
+                    continue
+                raw = json.loads(text, object_pairs_hook=unique_keys)
             except UnicodeDecodeError as e:
                 raise UserError(f"{name}: row {i}: not UTF-8 (byte 0x{line[e.start]:02x} at "
                                 f"offset {e.start})") from None
-    return lines
+            except json.JSONDecodeError as e:
+                raise UserError(f"{name}: row {i}: not valid JSON ({e.msg})") from None
+            except UserError as e:  # unique_keys'
+                raise UserError(f"{name}: row {i}: {e}") from None
+            yield i, raw
 
 
 def parquet_rows(path: str, name: str):
-    """A parquet file's rows, a batch at a time, with only the columns a row is made of (the DAPO
-    file's extra_info and ability are never read); errors name the file the user named."""
+    """A parquet file's rows, (row number, row), a batch at a time, with only the columns a row is
+    made of (the DAPO file's extra_info and ability are never read); errors name the file the user
+    named."""
     # only parquet needs it
     import pyarrow.parquet
     try:
@@ -156,16 +146,14 @@ def parquet_rows(path: str, name: str):
     if not ({"problem", "answer"} <= names or {"prompt", "reward_model"} <= names):
         raise UserError(f"{name}: columns {sorted(names)}; wanted problem and answer, or "
                         "DAPO's prompt and reward_model")
-    read = [c for c in parquet.schema_arrow.names if c in row_columns]
     # a batch of the authors' pool rows (up to 64 answers each) is still a few hundred MB
-    for batch in parquet.iter_batches(batch_size=4096, columns=read):
-        yield from batch.to_pylist()
+    batches = parquet.iter_batches(batch_size=4096, columns=sorted(names & row_columns))
+    return enumerate((row for batch in batches for row in batch.to_pylist()), start=1)
 
 
 def save_pool(path: str, rows: list[dict]):
     keys = ("id", "problem", "answer", "responses", "prompt")
-    lines = [json.dumps({k: r[k] for k in keys if k in r}) + "\n" for r in rows]
-    write_atomic(path, "".join(lines))
+    write_atomic(path, "".join(json.dumps({k: r[k] for k in keys if k in r}) + "\n" for r in rows))
 
 
 def read_collection(out: str) -> tuple[bool, dict]:
@@ -186,7 +174,6 @@ def read_inputs(cfg) -> tuple:
     """The training rows (phase two reads them only to visit every prompt), the validation rows,
     the pool given with --pool (None without)."""
     needs_rows = cfg.phase != "2" or cfg.phase2_prompts == "all"
-    train_rows = read_rows(cfg.train_file, cache_dir=cfg.cache_dir) if needs_rows else []
-    val_rows = read_rows(cfg.val_file, cache_dir=cfg.cache_dir) if cfg.val_every else []
-    pool = load_pool(cfg.pool, cfg.cache_dir) if cfg.pool else None
-    return train_rows, val_rows, pool
+    return (read_rows(cfg.train_file, cache_dir=cfg.cache_dir) if needs_rows else [],
+            read_rows(cfg.val_file, cache_dir=cfg.cache_dir) if cfg.val_every else [],
+            load_pool(cfg.pool, cfg.cache_dir) if cfg.pool else None)

@@ -51,11 +51,11 @@ def save_config(out_dir: str, config: dict, saved: dict, changes: list[dict],
     `digests`: a part's command reads only its files); with "overrides", every --override's
     changes (the saved ones, then this command's `changes`) and the steps they took effect at."""
     os.makedirs(out_dir, exist_ok=True)
-    overrides = saved.get("overrides", []) + changes
-    digests = {**saved.get("data_digests", {}), **(digests or {})}
-    record = {**config, **({"hub_commits": commits} if commits else {}),
-              **({"data_digests": digests} if digests else {}),
-              **({"overrides": overrides} if overrides else {})}
+    records = {"hub_commits": commits,
+               "data_digests": {**saved.get("data_digests", {}), **(digests or {})},
+               "overrides": saved.get("overrides", []) + changes}
+    # each record where there is one
+    record = {**config, **{name: value for name, value in records.items() if value}}
     write_atomic(os.path.join(out_dir, "config.json"), json.dumps(record, indent=2))
 
 

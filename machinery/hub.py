@@ -36,7 +36,7 @@ def fetch(refusal: str, download, *args, **kwargs) -> str:
     try:
         return download(*args, **kwargs)
     except Exception as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise UserError(f"{refusal} ({reason})") from None
 
 
@@ -70,10 +70,11 @@ def local_file(path: str, cache_dir: str) -> str:
                           name[:-len(".part-*")])
     if not os.path.isfile(joined):
         os.makedirs(os.path.dirname(joined), exist_ok=True)
-        with open(f"{joined}.tmp{os.getpid()}", "wb") as out:
+        temporary = f"{joined}.tmp{os.getpid()}"
+        with open(temporary, "wb") as out:
             for piece in pieces:
                 with open(piece, "rb") as f:
                     shutil.copyfileobj(f, out)
-        os.replace(f"{joined}.tmp{os.getpid()}", joined)
+        os.replace(temporary, joined)
         print(f"{path}: {len(pieces)} pieces joined into {joined}", flush=True)
     return joined

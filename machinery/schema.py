@@ -1,25 +1,18 @@
 """A data row's schema, checked by pydantic: what each field must be, and a refusal that names the
 file, the row and the field. Imported only where rows are read (machinery/data.py): a script that
 reads no file (benchmarks/bench_trainer.py on a GPU image without pydantic) never needs it."""
-import math
 from typing import Annotated, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt,
+from pydantic import (AfterValidator, AllowInfNan, BaseModel, Field, StrictFloat, StrictInt,
                       StrictStr, ValidationError)
 
 from machinery import UserError
 
-
-def finite(x: float) -> float:
-    if not math.isfinite(x):
-        raise ValueError("not finite")
-    return x
-
-
 # A row's fields, checked by pydantic (strict: no bool for a number, no number for a text): a
-# refusal names the file, the row and the field, with what the field must be (rules).
+# refusal names the file, the row and the field, with what the field must be (rules). Keys of
+# no field (a DAPO row's ability, extra_info) are ignored, pydantic's default: they are not read.
 Text = Annotated[StrictStr, Field(pattern=r"\S")]
-Answer = Text | StrictInt | Annotated[StrictFloat, AfterValidator(finite)]
+Answer = Text | StrictInt | Annotated[StrictFloat, AllowInfNan(False)]
 
 
 class Message(BaseModel):
@@ -37,8 +30,7 @@ Prompt = Annotated[list[Message], Field(min_length=1), AfterValidator(has_user_t
 
 
 class Row(BaseModel):
-    """Our keys (other keys are not read)."""
-    model_config = ConfigDict(extra="ignore")
+    """Our keys."""
     id: StrictStr | StrictInt | None = None
     problem: Text
     answer: Answer
@@ -48,14 +40,12 @@ class Row(BaseModel):
 
 
 class RewardModel(BaseModel):
-    model_config = ConfigDict(extra="ignore")
     ground_truth: Answer
     candidates: list[StrictStr] | None = None
 
 
 class DapoRow(BaseModel):
     """The DAPO schema: the problem is the prompt's last message."""
-    model_config = ConfigDict(extra="ignore")
     id: StrictStr | StrictInt | None = None
     prompt: Prompt
     reward_model: RewardModel
@@ -76,19 +66,16 @@ def schema_error(error: ValidationError, where: str) -> UserError:
     """The first error as one line: the field's path (reward_model.ground_truth, prompt.0.role)
     and what it must be."""
     first = error.errors()[0]
-    path = []
-    for part in first["loc"]:
-        if not (isinstance(part, int) or part in rules):
-            break  # pydantic's name for a member of a union
-        path.append(str(part))
-    field = next(p for p in reversed(path) if not p.isdigit())
-    name = ".".join(path)
+    # pydantic's location less its names for a union's members (answer's 'constrained-str')
+    path = [part for part in first["loc"] if isinstance(part, int) or part in rules]
+    name = ".".join(map(str, path))
     if first["type"] == "missing":
         hint = " (or use the DAPO schema: prompt + reward_model)" * (name in ("problem", "answer"))
         return UserError(f"{where}: missing '{name}'{hint}")
-    if field in ("responses", "candidates"):
+    if "responses" in path or "candidates" in path:
         return UserError(f"{where}: responses/candidates must be a list of strings")
-    rule = "a {role, content} message" if path[-1].isdigit() else rules[field]
+    # a list's member (prompt.0): the other lists are of strings, named above
+    rule = rules.get(path[-1], "a {role, content} message")
     shown = repr(first["input"])
     shown = shown if len(shown) <= 40 else shown[:37] + "..."
     return UserError(f"{where}: '{name}' must be {rule}, not {shown}")
