@@ -13,7 +13,6 @@ import traceback
 from dataclasses import asdict
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict,
@@ -21,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from machinery import RunStopped, UserError
 from machinery.files import write_atomic
+from machinery.ranks import barrier
 
 
 def checkpoint_path(part_dir: str, step: int) -> str:
@@ -180,10 +180,9 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
             write_atomic(os.path.join(tmp, "rlep_config.json"), json.dumps(asdict(cfg), indent=2))
         # rank 0's full copy goes before AdamW's state is gathered
         del weights
-        if d.distributed:
-            dist.barrier()
-        optimizer_state = get_optimizer_state_dict(policy, optimizer)
-        dcp.save({"optimizer": optimizer_state}, checkpoint_id=os.path.join(tmp, "optimizer"))
+        barrier(d)
+        dcp.save({"optimizer": get_optimizer_state_dict(policy, optimizer)},
+                 checkpoint_id=os.path.join(tmp, "optimizer"))
         if d.master_process:
             # data order and replay draws derive from the step; the RNG state is kept for safety
             state = {"step": step, "torch_rng": torch.get_rng_state(),
@@ -206,8 +205,7 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         prune_checkpoints(part_dir, cfg.keep_checkpoints, protected)
-    if d.distributed:
-        dist.barrier()
+    barrier(d)
 
 
 def disk_full(error: BaseException) -> bool:

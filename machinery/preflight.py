@@ -343,7 +343,7 @@ def check_weights(folder: str, flag: str, config):
         except SafetensorError as e:  # an interrupted copy, say
             raise UserError(f"{path}: cut short or damaged ({os.path.getsize(path):,} bytes; "
                             f"safetensors: {e})") from None
-    if not shapes:  # pytorch_model*.bin alone: vLLM reads them, their shapes are not
+    if not shapes:  # pytorch_model*.bin alone (vLLM loads them): their shapes are not read
         return
     expected = meta_model(folder).state_dict()
     shared = [key for key in shapes if key in expected]
@@ -398,9 +398,10 @@ def model_context(config) -> tuple[int, str]:
     (vllm/config/model.py, _get_and_verify_max_len) for the models rlep.py names (Qwen2,
     Qwen2.5(-Math), SmolLM2 and Llama, builtin.py's tiny Qwen2): max_position_embeddings (2,048,
     vLLM's default, where there is none) times the RoPE scaling factor unless its type is scaled
-    already; the tokenizer is not read. vLLM's own rule reads more, which these models do not
-    give: the smallest of eight other length keys (model_max_length first), a RoPE set per kind of
-    layer, Gemma 3's factor left out; a model that gives them may get another context there."""
+    already; the tokenizer is not read. vLLM's own rule covers more, which these models' configs
+    do not give: eight other length keys (the smallest wins, model_max_length over all), RoPE
+    parameters per kind of layer, Gemma 3 (whose factor it leaves out); a model that gives those
+    may get another context from vLLM than this one."""
     config = config.get_text_config()
     context, where = 2048, "vLLM's default"
     if getattr(config, "max_position_embeddings", None):
@@ -658,7 +659,8 @@ def read_saved_config(cfg, path: str) -> dict:
             raise UserError(f'{path}: "{key}" must be a {kind.__name__} (rlep.py writes it): '
                             "restore it")
     try:
-        # check_ranges reads the flags' names alone
+        # check_ranges reads only its flags' names: config.json's other keys (overrides,
+        # hub_commits) are not among them
         check_ranges({**asdict(cfg), **saved}, number_ranges)
     except UserError as e:
         raise UserError(f"{path}: holds {e}: restore it (a checkpoint's rlep_config.json "
