@@ -5,6 +5,7 @@ per rank (torch.distributed.checkpoint, resharded on resume); the newest few kep
 collection's step kept as weights. disk.py sizes them against the disk before a run; a disk that
 fills during a save stops the run in one line."""
 import errno
+import glob
 import json
 import os
 import shutil
@@ -12,7 +13,6 @@ import traceback
 from dataclasses import asdict
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict,
@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from machinery import RunStopped, UserError
 from machinery.files import write_atomic
+from machinery.ranks import barrier
 
 
 def checkpoint_path(part_dir: str, step: int) -> str:
@@ -29,9 +30,8 @@ def checkpoint_path(part_dir: str, step: int) -> str:
 def step_folders(part_dir: str) -> list[int]:
     """The steps of a part's step_NNNNNN folders, oldest first (a save cut short left only a
     `.tmp` folder, which is not one)."""
-    if not os.path.isdir(part_dir):
-        return []
-    names = [name[len("step_"):] for name in os.listdir(part_dir) if name.startswith("step_")]
+    # glob finds nothing in a folder not there yet
+    names = [name[len("step_"):] for name in glob.glob("step_*", root_dir=part_dir)]
     # ASCII digits: str.isdigit takes "²", which int() refuses
     return sorted(int(number) for number in names if number.isascii() and number.isdigit())
 
@@ -74,10 +74,10 @@ def damage(folder: str, weights_only: bool = False) -> str:
     # a record edited by hand: its sizes are compared, and a resume reads what it must list
     if not isinstance(listed, dict) or any(type(size) is not int for size in listed.values()):
         return "checkpoint.json's files is not {file: its size in bytes}"
-    needed = {"weights": any(name.endswith(".safetensors") for name in listed),
-              "trainer_state.pt": weights_only or "trainer_state.pt" in listed}
-    if lacking := [what for what, listed_ in needed.items() if not listed_]:
-        return f"checkpoint.json does not list its {lacking[0]}"
+    if not any(name.endswith(".safetensors") for name in listed):
+        return "checkpoint.json does not list its weights"
+    if not weights_only and "trainer_state.pt" not in listed:
+        return "checkpoint.json does not list its trainer_state.pt"
     for name, size in listed.items():
         if weights_only and (name.startswith("optimizer") or name == "trainer_state.pt"):
             continue
@@ -140,13 +140,9 @@ def prune_checkpoints(part_dir: str, keep: int, protected: set[int]):
 def leftovers(out_dir: str) -> list[str]:
     """A stopped prune's `step_*.deleting` folders and a stopped save's `step_*.tmp`: dead
     weight, which the disk check counts as free."""
-    found = []
-    for part in ("phase1", "phase2"):
-        part_dir = os.path.join(out_dir, part)
-        names = os.listdir(part_dir) if os.path.isdir(part_dir) else []
-        found += [os.path.join(part_dir, name) for name in sorted(names)
-                  if name.startswith("step_") and name.endswith((".deleting", ".tmp"))]
-    return found
+    return [os.path.join(out_dir, part, name) for part in ("phase1", "phase2")
+            for name in sorted(glob.glob("step_*", root_dir=os.path.join(out_dir, part)))
+            if name.endswith((".deleting", ".tmp"))]
 
 
 def remove_leftovers(out_dir: str):
@@ -167,8 +163,8 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
     `.model`; d: ranks.Dist."""
     final = checkpoint_path(part_dir, step)
     tmp = final + ".tmp"
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights = get_model_state_dict(policy.model, options=options)
+    weights = get_model_state_dict(
+        policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     # a tied weight (SmolLM2's head) comes back gathered under both names, in two copies that
     # save_pretrained would both write: keep the first name, as an unsharded save does
     seen = set()
@@ -184,10 +180,9 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
             write_atomic(os.path.join(tmp, "rlep_config.json"), json.dumps(asdict(cfg), indent=2))
         # rank 0's full copy goes before AdamW's state is gathered
         del weights
-        if d.distributed:
-            dist.barrier()
-        optimizer_state = get_optimizer_state_dict(policy, optimizer)
-        dcp.save({"optimizer": optimizer_state}, checkpoint_id=os.path.join(tmp, "optimizer"))
+        barrier(d)
+        dcp.save({"optimizer": get_optimizer_state_dict(policy, optimizer)},
+                 checkpoint_id=os.path.join(tmp, "optimizer"))
         if d.master_process:
             # data order and replay draws derive from the step; the RNG state is kept for safety
             state = {"step": step, "torch_rng": torch.get_rng_state(),
@@ -210,8 +205,7 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         prune_checkpoints(part_dir, cfg.keep_checkpoints, protected)
-    if d.distributed:
-        dist.barrier()
+    barrier(d)
 
 
 def disk_full(error: BaseException) -> bool:
@@ -253,8 +247,8 @@ def save_plan(cfg, part: str) -> list[int]:
     """The steps a part saves (cfg: phase1_steps, phase2_steps, save_every, collect_step): every
     save_every-th and its last; phase one also collect_step, which the collection reads."""
     steps = cfg.phase1_steps if part == "phase1" else cfg.phase2_steps
-    plan = set(range(cfg.save_every, steps + 1, cfg.save_every)) | {steps}
-    if part == "phase1":
-        plan.add(cfg.collect_step)
+    # the protected step: phase one's collect_step
+    plan = (set(range(cfg.save_every, steps + 1, cfg.save_every)) | {steps}
+            | protected_steps(cfg, part))
     # a step past the part is never reached (check_save_plan refuses it where it matters)
     return sorted(step for step in plan if 1 <= step <= steps)

@@ -8,6 +8,7 @@ The flags come from the dataclass, argparse rather than a library that builds fl
 beside the field, where Config keeps it as the field's comment, read on one line with its paper
 default; and a bad value must be one line and exit 2, which argparse's parser.error gives."""
 import argparse
+import glob
 import hashlib
 import inspect
 import json
@@ -18,6 +19,7 @@ import re
 import string
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
@@ -311,17 +313,15 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
-def check_weights(folder: str, flag: str, config=None):
+def check_weights(folder: str, flag: str, config):
     """The folder's weights are there, whole and of the config's shapes: safetensors reads each
     shard's header and checks that its tensors end where the file does, and each tensor's shape
     is compared to the model config.json builds on the meta device (disk.meta_model).
     Without safetensors or pytorch_model*.bin files vLLM would load any .pt file as weights (a
     checkpoint's trainer_state.pt); a file cut short by a copy would fail deep in its loader."""
     from safetensors import SafetensorError, safe_open
-    names = os.listdir(folder)
-    shards = sorted(n for n in names if n.endswith(".safetensors"))
-    if not shards and not any(n.startswith("pytorch_model") and n.endswith(".bin")
-                              for n in names):
+    shards = sorted(glob.glob("*.safetensors", root_dir=folder))
+    if not shards and not glob.glob("pytorch_model*.bin", root_dir=folder):
         raise UserError(f"{flag} {folder}: no weights (model.safetensors or pytorch_model.bin)")
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index):
@@ -343,7 +343,7 @@ def check_weights(folder: str, flag: str, config=None):
         except SafetensorError as e:  # an interrupted copy, say
             raise UserError(f"{path}: cut short or damaged ({os.path.getsize(path):,} bytes; "
                             f"safetensors: {e})") from None
-    if config is None or not shapes:
+    if not shapes:  # pytorch_model*.bin alone (vLLM loads them): their shapes are not read
         return
     expected = meta_model(folder).state_dict()
     shared = [key for key in shapes if key in expected]
@@ -394,29 +394,23 @@ rope_scaled_already = {"su", "longrope", "llama3", "yarn", "deepseek_yarn",
 
 
 def model_context(config) -> tuple[int, str]:
-    """The model's context in tokens, and where it is said, as vLLM 0.32 derives it for a
-    generating model (vllm/config/model.py, _get_and_verify_max_len): the smallest of the
-    config's length keys (model_max_length wins where given), 2,048 where none is, times the
-    RoPE scaling factor unless its type is scaled already; the tokenizer is not read."""
+    """The model's context in tokens, and where it is said, as vLLM 0.32 derives it
+    (vllm/config/model.py, _get_and_verify_max_len) for the models rlep.py names (Qwen2,
+    Qwen2.5(-Math), SmolLM2 and Llama, builtin.py's tiny Qwen2): max_position_embeddings (2,048,
+    vLLM's default, where there is none) times the RoPE scaling factor unless its type is scaled
+    already; the tokenizer is not read. vLLM's own rule covers more, which these models' configs
+    do not give: eight other length keys (the smallest wins, model_max_length over all), RoPE
+    parameters per kind of layer, Gemma 3 (whose factor it leaves out); a model that gives those
+    may get another context from vLLM than this one."""
     config = config.get_text_config()
-    keys = ["max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-            "model_max_length", "max_target_positions", "max_sequence_length", "max_seq_length",
-            "seq_len"]
-    found = {key: getattr(config, key) for key in keys if getattr(config, key, None) is not None}
-    if getattr(config, "model_max_length", None):
-        found = {"model_max_length": config.model_max_length}
-    key = min(found, key=found.get) if found else None
-    context, where = (found[key], f"{key} in config.json") if key else (2048, "vLLM's default")
+    context, where = 2048, "vLLM's default"
+    if getattr(config, "max_position_embeddings", None):
+        context, where = config.max_position_embeddings, "max_position_embeddings in config.json"
     rope = getattr(config, "rope_parameters", None) or {}
-    # one set, or a set per kind of layer
-    rope = [rope] if "rope_type" in rope else [r for r in rope.values() if isinstance(r, dict)]
-    factor = 1.0
-    for parameters in rope:
-        if parameters.get("rope_type") not in rope_scaled_already:
-            factor = parameters.get("factor") or factor
-    if factor != 1.0 and "gemma3" not in config.model_type:
+    factor = rope.get("factor") or 1.0
+    if factor != 1.0 and rope.get("rope_type") not in rope_scaled_already:
         context, where = int(context * factor), f"{where}, x RoPE factor {factor}"
-    return int(context), where
+    return context, where
 
 
 def check_context(cfg, config):
@@ -458,12 +452,10 @@ def check_one_run(out_dir: str):
     leftovers' removal would delete the other without a word); and a folder with a run's parts
     but no config.json, which says what values made them, is not run again."""
     here = os.path.abspath(out_dir)
-    above = os.path.dirname(here)
-    while above != os.path.dirname(above):
+    for above in Path(here).parents:
         if is_run(above):
             raise UserError(f"--out_dir {out_dir}: inside the run in {above}: choose a folder "
                             "outside it (its pruning would delete this one)")
-        above = os.path.dirname(above)
     for root, _, names in os.walk(here):
         if root != here and "config.json" in names and is_run(root):
             raise UserError(f"--out_dir {out_dir}: holds the run in {root}: a run's folder holds "
@@ -500,12 +492,10 @@ def check_run_rows(out_dir: str):
 def check_checkpoints(cfg):
     """The checkpoints this command reads are whole (checkpoints.damage): each part's newest,
     which a resume continues, and phase one's at collect_step, which the collection reads."""
-    parts = {"all": ("phase1", "phase2"), "1": ("phase1",), "2": ("phase2",)}
-    for part in parts.get(cfg.phase, ()):
-        check_resume(os.path.join(cfg.out_dir, part))
-    collect = os.path.join(cfg.out_dir, "collect")
-    if cfg.phase not in ("all", "collect") or cfg.pool or os.path.isfile(
-            os.path.join(collect, "pool.jsonl")):
+    for part in ("1", "2"):
+        if cfg.phase in ("all", part):
+            check_resume(os.path.join(cfg.out_dir, f"phase{part}"))
+    if not collects(cfg) or os.path.isfile(os.path.join(cfg.out_dir, "collect", "pool.jsonl")):
         return
     phase1 = os.path.join(cfg.out_dir, "phase1")
     ckpt = checkpoint_path(phase1, cfg.collect_step)
@@ -550,8 +540,7 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
         if not cfg.resume:
             raise UserError(f"{cfg.out_dir} already holds a run: pass --resume to continue "
                             "it, or another --out_dir")
-        saved = read_saved_config(config_path)
-        check_saved(cfg, saved, config_path)
+        saved = read_saved_config(cfg, config_path)
     elif cfg.resume:
         raise UserError(f"--resume: {cfg.out_dir} holds no run (no config.json): check its "
                         "name, or leave out --resume to start one there")
@@ -586,10 +575,11 @@ def check_rows(cfg, inputs: tuple, tokenizer, prompt_text):
             raise UserError(f"--prompts_per_step {cfg.prompts_per_step}: phase {part} has "
                             f"{len(rows)} prompts")
     collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
-    if cfg.phase == "2" and not cfg.pool and not os.path.isfile(collected):
-        raise UserError(f"--phase 2 needs --pool FILE, or the collection's {collected}")
-    if cfg.phase in ("all", "2") and not cfg.pool and os.path.isfile(collected):
-        load_pool(collected)  # phase two reads it: a file edited by hand is refused now
+    if cfg.phase in ("all", "2") and not cfg.pool:
+        if os.path.isfile(collected):
+            load_pool(collected)  # phase two reads it: a file edited by hand is refused now
+        elif cfg.phase == "2":
+            raise UserError(f"--phase 2 needs --pool FILE, or the collection's {collected}")
     check_prompts({"--train_file": train_rows, "--val_file": val_rows, "--pool": pool},
                   tokenizer, cfg.prompt_template, prompt_text)
     problems = {row["id"]: row["problem"] for row in train_rows}
@@ -640,8 +630,11 @@ def warn_cut_prompts(named_rows: dict, tokenizer, max_len: int, template: str, p
              "left (their start is lost)", script)
 
 
-def read_saved_config(path: str) -> dict:
-    """A run's config.json, or a refusal naming it."""
+def read_saved_config(cfg, path: str) -> dict:
+    """A run's config.json, or a refusal naming it: its values (edited by hand, say) pass the
+    checks its flags pass: each a value of the flag's type and among its choices ("dtype":
+    "float16", which a resume with --dtype auto would take, is refused as --dtype float16 is),
+    each number in its range. cfg: the command's Config, whose class gives the flags."""
     try:
         with open(path) as f:
             saved = json.load(f)
@@ -650,19 +643,11 @@ def read_saved_config(path: str) -> dict:
                         "rlep_config.json holds the values it was saved with)") from None
     if not isinstance(saved, dict):
         raise UserError(f"{path}: not a JSON object of the run's flags")
-    return saved
-
-
-def check_saved(cfg, saved: dict, path: str):
-    """config.json's values (edited by hand, say) pass the checks its flags pass: each a value of
-    the flag's type and among its choices ("dtype": "float16", which a resume with --dtype auto
-    would take, is refused as --dtype float16 is), each number in its range. cfg: the command's
-    Config, whose class gives the flags."""
-    kinds = type(cfg).__annotations__
     for name, flag in dataclass_flags(type(cfg)):
-        value, kind = saved.get(name), kinds[name]
         if name not in saved:
             continue
+        # a flag's type, as argparse takes it (a bool's flag has none)
+        value, kind = saved[name], flag.get("type", bool)
         typed = isinstance(value, bool) == (kind is bool) and isinstance(
             value, (int, float) if kind is float else kind)
         if not typed or value not in flag.get("choices", [value]):
@@ -674,11 +659,13 @@ def check_saved(cfg, saved: dict, path: str):
             raise UserError(f'{path}: "{key}" must be a {kind.__name__} (rlep.py writes it): '
                             "restore it")
     try:
-        check_ranges({**asdict(cfg), **{k: v for k, v in saved.items() if k in kinds}},
-                     number_ranges)
+        # check_ranges reads only its flags' names: config.json's other keys (overrides,
+        # hub_commits) are not among them
+        check_ranges({**asdict(cfg), **saved}, number_ranges)
     except UserError as e:
         raise UserError(f"{path}: holds {e}: restore it (a checkpoint's rlep_config.json "
                         "holds it)") from None
+    return saved
 
 
 def warn(line: str, script: str = "rlep.py"):
@@ -686,10 +673,14 @@ def warn(line: str, script: str = "rlep.py"):
     print(f"{script}: warning: {line}", file=sys.stderr, flush=True)
 
 
+def collects(cfg) -> bool:
+    """Whether the command collects a pool: not --phase 1 or 2, nor a run given --pool."""
+    return cfg.phase in ("all", "collect") and not cfg.pool
+
+
 def check_save_plan(cfg):
     """A collect_step phase one never reaches would stop the run after all of phase one. Only a
-    command that collects needs it: not --phase 1 or 2, nor a run given --pool."""
-    collects = cfg.phase in ("all", "collect") and not cfg.pool
-    if collects and not 1 <= cfg.collect_step <= cfg.phase1_steps:
+    command that collects needs it."""
+    if collects(cfg) and not 1 <= cfg.collect_step <= cfg.phase1_steps:
         raise UserError(f"--collect_step {cfg.collect_step}: the collection needs a phase-one "
                         f"checkpoint, a step from 1 to --phase1_steps {cfg.phase1_steps}")
