@@ -11,15 +11,19 @@ from filelock import FileLock, Timeout
 from machinery import RunStopped, UserError
 
 
-def write_atomic(path: str, text: str):
+def write_atomic(path: str, text):
     """Write a file so that a crash leaves either the old file or the new one, never half of one;
-    a full disk or a folder gone under the run stops it in one line (the old file kept)."""
+    a full disk or a folder gone under the run stops it in one line (the old file kept). text:
+    the file's text, or a function that writes the file at the path it is given (a figure)."""
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        if callable(text):
+            text(tmp)
+        else:
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):

@@ -10,6 +10,7 @@ import re
 import shutil
 
 from machinery import UserError, builtin
+from machinery.files import write_atomic
 
 # name as given -> the commit it resolved to, for this process's run (rank 0 fetches)
 commits = {}
@@ -70,11 +71,12 @@ def local_file(path: str, cache_dir: str) -> str:
                           name[:-len(".part-*")])
     if not os.path.isfile(joined):
         os.makedirs(os.path.dirname(joined), exist_ok=True)
-        temporary = f"{joined}.tmp{os.getpid()}"
-        with open(temporary, "wb") as out:
-            for piece in pieces:
-                with open(piece, "rb") as f:
-                    shutil.copyfileobj(f, out)
-        os.replace(temporary, joined)
+
+        def join(temporary):
+            with open(temporary, "wb") as out:
+                for piece in pieces:
+                    with open(piece, "rb") as f:
+                        shutil.copyfileobj(f, out)
+        write_atomic(joined, join)  # a full disk: one line, no half file left
         print(f"{path}: {len(pieces)} pieces joined into {joined}", flush=True)
     return joined

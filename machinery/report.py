@@ -91,7 +91,7 @@ def save_plot(path: str, panels: dict, ylabel: str) -> str:
                     label=label)
         ax.set(title=title, xlabel="training step", ylabel=ylabel)
         ax.legend()
-    fig.savefig(path, dpi=120)
+    write_atomic(path, lambda tmp: fig.savefig(tmp, dpi=120, format="png"))
     plt.close(fig)
     return f"plot: {path}"
 

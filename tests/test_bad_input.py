@@ -25,7 +25,7 @@ from transformers import AutoTokenizer
 
 import forked
 import machinery.files
-from machinery import RunStopped, UserError, checkpoints, data, preflight, ranks
+from machinery import RunStopped, UserError, checkpoints, data, preflight, ranks, report
 import rlep
 
 repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -749,6 +749,10 @@ def test_a_write_or_a_prune_that_fails_stops_in_one_line_naming_the_path(tmp_pat
     for path in (tmp_path / "deleted" / "config.json", tmp_path / "a_folder"):
         with pytest.raises(RunStopped, match=f"^{path}: cannot write \\("):
             machinery.files.write_atomic(str(path), "{}")
+    # a figure, written by a function at the temporary path, the same way
+    plot = tmp_path / "a_folder"
+    with pytest.raises(RunStopped, match=f"^{plot}: cannot write \\("):
+        report.save_plot(str(plot), {"val_acc": [("run", [0, 1], [0.1, 0.2], "-", 0)]}, "%")
     assert sorted(os.listdir(tmp_path)) == ["a_folder"]
     part = tmp_path / "phase1"
     for step in (1, 2, 3):

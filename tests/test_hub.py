@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 from huggingface_hub import constants
 
-from machinery import UserError, data, hub
+from machinery import RunStopped, UserError, data, hub
 import rlep
 
 repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,6 +81,13 @@ def test_a_file_in_pieces_is_joined_once_into_the_cache_folder(hub_cache, tmp_pa
     stamp = joined.stat().st_mtime_ns
     data.load_pool(name, str(cache_dir))
     assert joined.stat().st_mtime_ns == stamp  # read again, not joined again
+    # a join the disk or the folder refuses (here a folder where the file goes): one line naming
+    # the file, no half file left
+    blocked = tmp_path / "other-cache" / "hub" / "org--pool" / commit / "pool.parquet"
+    blocked.mkdir(parents=True)
+    with pytest.raises(RunStopped, match=f"^{blocked}: cannot write \\("):
+        data.load_pool(name, str(tmp_path / "other-cache"))
+    assert os.listdir(blocked.parent) == ["pool.parquet"]
 
 
 @pytest.mark.parametrize("name, message", [
