@@ -324,7 +324,8 @@ mutations = [
     ("push guard within 1 %", "machinery/vllm_engine.py", "rel_tol=1e-9, abs_tol=1e-12",
      "rel_tol=1e-2, abs_tol=1e-12", [stale_part]),
     ("push guard's sum drops a chunk's last element", "machinery/vllm_engine.py",
-     "flat[i:i + chunk]", "flat[i:i + chunk - 1]", [sync + "test_float64_sum_adds_every_chunk"]),
+     "part.sum(dtype=torch.float64)", "part[:-1].sum(dtype=torch.float64)",
+     [sync + "test_float64_sum_adds_every_chunk"]),
     # the planner, the exchange, the ranks' choice, the resume comparison, the FSDP setup
     ("a micro-batch row past the token budget", "machinery/planner.py",
      "fits = [max(1, max_tokens // row_lengths[i]) for i in order]",
@@ -423,8 +424,8 @@ equivalent = [
      "the same runs in another order: every rank sends and receives the same rows, in another "
      "order of a dict that nothing reads in order"),
     ("rank 0's gather in reverse rank order", "machinery/ranks.py",
-     "    return [x for part in gathered for x in part]\n\n\ndef rank0_decides",
-     "    return [x for part in gathered[::-1] for x in part]\n\n\ndef rank0_decides",
+     "    return [x for part in gathered or [] for x in part]",
+     "    return [x for part in (gathered or [])[::-1] for x in part]",
      ["tests/test_dynamic_sampling.py"],
      "its one caller, sample_and_grade, sorts the records by row order (ids are unique)"),
     ("FSDP2 casts the forward's inputs", "machinery/fsdp.py", "cast_forward_inputs=False)",
