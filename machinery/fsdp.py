@@ -55,10 +55,11 @@ def shard(policy: torch.nn.Module, model, d: Dist, gather_bf16: bool):
     # rank 0's full weights into every rank's shards; the other ranks built on meta
     if not d.master_process:
         model.to_empty(device=d.device)
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, full_weights, options=options)
-    # buffers outside the state dict (rotary inv_freq) were not sent: rank 0's go now
-    for _, buffer in sorted(model.named_buffers()):
+    set_model_state_dict(model, full_weights, options=StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True))
+    # buffers outside the state dict (rotary inv_freq) were not sent: rank 0's go now, in the
+    # order of the modules, the same on every rank (one architecture)
+    for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
 
 

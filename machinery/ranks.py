@@ -32,8 +32,7 @@ class Dist(NamedTuple):
 
 def setup_distributed(timeout_minutes: int = 180) -> Dist:
     if "RANK" not in os.environ:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return Dist(False, 0, 1, device, True)
+        return Dist(False, 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu"), True)
     rank = int(os.environ["RANK"])
     # NCCL's default can be shorter than a rank's generation
     timeout = datetime.timedelta(minutes=timeout_minutes)
