@@ -2,7 +2,7 @@
 whichever trains faster here, measured: a CPU may emulate bf16 several times slower than float32),
 a causal LM in float32 read by rank 0 alone, sharded by FSDP2 over the ranks (weights, gradients
 and AdamW's state)."""
-import time
+import timeit
 from typing import NamedTuple
 
 import torch
@@ -21,7 +21,7 @@ def load_model(path: str, d: Dist, gradient_checkpointing: bool):
     from transformers import AutoConfig, AutoModelForCausalLM
     # sdpa reads a boolean 4-D mask (share_prompts) as "may attend"
     settings = dict(dtype=torch.float32, attn_implementation="sdpa")
-    if d.master_process or not d.distributed:
+    if d.master_process:  # also the one process of a plain run
         model = AutoModelForCausalLM.from_pretrained(path, **settings)
     else:
         with torch.device("meta"):
@@ -52,17 +52,14 @@ def shard(policy: torch.nn.Module, model, d: Dist, gather_bf16: bool):
         fully_shard(layer, mp_policy=mp_policy)
     # the root unit gathers the embeddings, final norm and LM head
     fully_shard(policy, mp_policy=mp_policy)
-    load_from_rank0(model, full_weights, d)
-
-
-def load_from_rank0(model, full_weights: dict, d: Dist):
-    """Rank 0's full weights into every rank's shards; the other ranks built on meta."""
+    # rank 0's full weights into every rank's shards; the other ranks built on meta
     if not d.master_process:
         model.to_empty(device=d.device)
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(model, full_weights, options=options)
-    # buffers outside the state dict (rotary inv_freq) were not sent: rank 0's go now
-    for _, buffer in sorted(model.named_buffers()):
+    set_model_state_dict(model, full_weights, options=StateDictOptions(
+        full_state_dict=True, broadcast_from_rank0=True))
+    # buffers outside the state dict (rotary inv_freq) were not sent: rank 0's go now, in the
+    # order of the modules, the same on every rank (one architecture)
+    for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
 
 
@@ -93,14 +90,13 @@ def linear_gflops(dtype: str, model_path: str, tokens: int = 1024) -> float:
                          requires_grad=True)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16,
                               enabled=dtype == "bfloat16", cache_enabled=False)
-    seconds = []
-    # the first pass warms the kernels up: not timed
-    for _ in range(4):
-        start = time.perf_counter()
+
+    def forward_and_backward():
         with autocast:
             out = torch.nn.functional.linear(x, weight)  # (tokens, I)
         out.float().sum().backward()
-        seconds.append(time.perf_counter() - start)
+    # four timed passes; the first warms the kernels up: not counted
+    seconds = timeit.repeat(forward_and_backward, number=1, repeat=4)
     flops = 3 * 2 * tokens * config.hidden_size * config.intermediate_size
     return flops / min(seconds[1:]) / 1e9
 
@@ -114,12 +110,10 @@ class DtypeChoice(NamedTuple):
 def resolve_dtype(dtype: str, device: torch.device, model_path: str) -> DtypeChoice:
     """'auto': bfloat16 on a GPU; on a CPU whichever trains faster here, measured. Without
     AVX512-BF16 or AMX bf16 is emulated (~5x slower); with them it is not always fast either."""
-    gflops = {}
-    if device.type == "cpu":
-        for name in ("float32", "bfloat16"):
-            gflops[name] = linear_gflops(name, model_path)
-    measured = ", ".join(f"{name} {speed:.0f}" for name, speed in gflops.items())
-    measured = f"measured here, GFLOP/s: {measured}"
+    gflops = {name: linear_gflops(name, model_path) for name in ("float32", "bfloat16")
+              if device.type == "cpu"}
+    measured = "measured here, GFLOP/s: " + ", ".join(f"{name} {speed:.0f}"
+                                                      for name, speed in gflops.items())
     if dtype != "auto":
         return DtypeChoice(dtype, "set by --dtype", gflops)
     if device.type == "cuda":

@@ -62,7 +62,7 @@ def end_rank_on_sigterm():
         print(f"rlep.py: rank {os.environ['RANK']} stopped: SIGTERM", file=sys.stderr, flush=True)
         os._exit(143)
 
-    def wait(read):
+    def wait():
         while os.read(read, 1)[0] != signal.SIGTERM:  # Ctrl-C's, here for KeyboardInterrupt
             pass
         end()
@@ -70,7 +70,7 @@ def end_rank_on_sigterm():
     os.set_blocking(write, False)
     signal.set_wakeup_fd(write)
     signal.signal(signal.SIGTERM, end)
-    threading.Thread(target=wait, args=(read,), daemon=True).start()
+    threading.Thread(target=wait, daemon=True).start()
 
 
 def ask_to_stop(signum, frame):
@@ -81,7 +81,7 @@ def ask_to_stop(signum, frame):
         name = os.path.basename(sys.argv[0])
         print(f"{name}: stopped ({stop['why']}) while starting; nothing written",
               file=sys.stderr, flush=True)
-        os._exit(143 if signum == signal.SIGTERM else 130)
+        os._exit(128 + signum)  # the shell's code of a signal's end: 130 (Ctrl-C), 143 (SIGTERM)
     if again or not stop["deferred"]:
         raise KeyboardInterrupt(stop["why"])
 
@@ -112,15 +112,16 @@ def end_on_stop(error: BaseException, cfg, argv: list, where: str):
     is raised again."""
     if not (isinstance(error, KeyboardInterrupt) or stop["why"]):
         raise error
+    end(error, lambda why: stop_line(why, cfg, argv, where))
+
+
+def end(error: BaseException, line):
+    """A stopped script's end: line(why) on rank 0, exit 130 (Ctrl-C) or 143 (SIGTERM); a plain
+    process runs its exit handlers and skips Python's teardown. why: the stop asked for, else the
+    error's text, else Ctrl-C (Python's default handler raised it: a torchrun rank's)."""
     why = stop["why"] or str(error) or "Ctrl-C"
-    end(stop_line(why, cfg, argv, where), why)
-
-
-def end(line: str, why: str):
-    """A stopped script's end: `line` on rank 0, exit 130 (Ctrl-C) or 143 (SIGTERM); a plain
-    process runs its exit handlers and skips Python's teardown."""
     if os.environ.get("RANK", "0") == "0":
-        print(line, file=sys.stderr, flush=True)
+        print(line(why), file=sys.stderr, flush=True)
     code = 143 if why == "SIGTERM" else 130
     if "RANK" in os.environ:
         sys.exit(code)
@@ -131,6 +132,5 @@ def end(line: str, why: str):
 
 def end_eval(error: KeyboardInterrupt):
     """eval.py's end after a stop: what it sampled is kept, and the same command continues."""
-    why = stop["why"] or str(error) or "Ctrl-C"
-    end(f"eval.py: stopped ({why}); the problems sampled so far are kept (samples.jsonl): the "
-        "same command continues", why)
+    end(error, lambda why: f"eval.py: stopped ({why}); the problems sampled so far are kept "
+        "(samples.jsonl): the same command continues")

@@ -31,17 +31,14 @@ class Dist(NamedTuple):
 
 
 def setup_distributed(timeout_minutes: int = 180) -> Dist:
-    if int(os.environ.get("RANK", -1)) == -1:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return Dist(False, 0, 1, device, True)
+    if "RANK" not in os.environ:
+        return Dist(False, 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu"), True)
     rank = int(os.environ["RANK"])
-    local_rank = int(os.environ["LOCAL_RANK"])
-    world_size = int(os.environ["WORLD_SIZE"])
     # NCCL's default can be shorter than a rank's generation
     timeout = datetime.timedelta(minutes=timeout_minutes)
     # vLLM reuses this group; with TP = 1 it must exist before the engine (docs/cpu.md)
     if torch.cuda.is_available():
-        device = torch.device("cuda", local_rank)
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)
         # Object collectives on gloo: pickles stay off the GPU. FSDP2's tensor collectives take
         # NCCL, and so does dist.barrier (device_id is bound).
@@ -49,7 +46,7 @@ def setup_distributed(timeout_minutes: int = 180) -> Dist:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timeout)
-    return Dist(True, rank, world_size, device, rank == 0)
+    return Dist(True, rank, int(os.environ["WORLD_SIZE"]), device, rank == 0)
 
 
 def end_rank(error: BaseException):
@@ -88,9 +85,7 @@ def gather_to_rank0(items: list, d: Dist) -> list:
         return items
     gathered = [None] * d.world_size if d.master_process else None
     dist.gather_object(items, gathered, dst=0)
-    if not d.master_process:
-        return []
-    return [x for part in gathered for x in part]
+    return [x for part in gathered or [] for x in part]  # gathered: None off rank 0
 
 
 def rank0_decides(decide, d: Dist):
@@ -98,16 +93,15 @@ def rank0_decides(decide, d: Dist):
     or raises the same. One answer for all: a shared filesystem (NFS caches listings) can show
     ranks different files, and then they run different collectives; a refusal on rank 0 alone
     would leave the others waiting in the next collective."""
-    answer, error = None, None
+    message = [None, None]  # rank 0's answer, or the error it raised
     if d.master_process:
         try:
-            answer = decide()
+            message[0] = decide()
         except Exception as e:  # re-raised below, on every rank
-            error = e
+            message[1] = e
     if d.distributed:
-        message = [(answer, error)]
         dist.broadcast_object_list(message, src=0)
-        answer, error = message[0]
+    answer, error = message
     if error is not None:
         raise error
     return answer
@@ -131,11 +125,10 @@ def exchange(outgoing: list[list], d: Dist) -> list:
     sent = torch.frombuffer(bytearray(b"".join(payloads)), dtype=torch.uint8)
     received = torch.empty(int(recv_sizes.sum()), dtype=torch.uint8)
     dist.all_to_all_single(received, sent, recv_sizes.tolist(), send_sizes.tolist())
-    items, start = [], 0
-    for rank, size in enumerate(recv_sizes.tolist()):
-        part = received[start:start + size].numpy().tobytes()
-        items += kept if rank == d.rank else pickle.loads(part)
-        start += size
+    items = []
+    # each rank's bytes, a view of the received buffer; pickle reads a numpy array's buffer
+    for rank, part in enumerate(received.split(recv_sizes.tolist())):
+        items += kept if rank == d.rank else pickle.loads(part.numpy())
     return items
 
 

@@ -33,9 +33,8 @@ class Completion(NamedTuple):
 def float64_sum(tensor: torch.Tensor, chunk: int = 1 << 24) -> float:
     """Σ in float64, a chunk at a time: sum(dtype=float64) would first cast the whole tensor (4.4
     GB for 7B's embedding)."""
-    flat = tensor.reshape(-1)
-    sums = [flat[i:i + chunk].sum(dtype=torch.float64) for i in range(0, flat.numel(), chunk)]
-    return float(sum(s.item() for s in sums))
+    parts = tensor.reshape(-1).split(chunk)
+    return float(sum(part.sum(dtype=torch.float64).item() for part in parts))
 
 
 def engine_name(name: str) -> str:
@@ -67,17 +66,13 @@ class Engine:
                                  max_tokens=max_tokens, seed=seed, stop_token_ids=stop_ids,
                                  detokenize=False, logprobs=0 if logprobs else None)
                   for seed in seeds]
-        inputs = [{"prompt_token_ids": p} for p in prompts]
-        outputs = self.llm.generate(inputs, params, use_tqdm=progress)
-        groups = []
-        for out in outputs:
-            group = []
-            for c in out.outputs:
-                ids = list(c.token_ids)
-                sampled = [lp[t].logprob for lp, t in zip(c.logprobs, ids)] if logprobs else None
-                group.append(Completion(ids, sampled))
-            groups.append(group)
-        return groups
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
+                                    use_tqdm=progress)
+        # each completion's token ids and, with `logprobs`, the log-prob of each
+        return [[Completion(list(c.token_ids),
+                            [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]
+                            if logprobs else None)
+                 for c in out.outputs] for out in outputs]
 
     def sleep(self):
         if self.sleeps:
@@ -103,7 +98,9 @@ class Engine:
     def push(self, model: torch.nn.Module = None, path: str = None):
         """The trainer's weights (a full tensor at a time, FSDP gathering each), or a checkpoint
         folder, loaded in place."""
-        if self.llm.llm_engine.is_sleeping():
+        # a level-2 sleep: the weights and the KV cache, woken in turn
+        asleep = self.llm.llm_engine.is_sleeping()
+        if asleep:
             # hand the trainer's freed blocks back before vLLM re-allocates
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
@@ -112,10 +109,10 @@ class Engine:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
         else:
             pushed = {}
-            weights = self.full_weights(model, pushed)
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+            self.llm.collective_rpc("reload_weights",
+                                    kwargs={"weights_iterator": self.full_weights(model, pushed)})
             self.check_push(pushed)
-        if self.llm.llm_engine.is_sleeping():
+        if asleep:
             # the scheduler resumes only when fully awake
             self.llm.wake_up(tags=["kv_cache"])
         # cached prompt KV was computed by the old weights
