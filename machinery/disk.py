@@ -4,7 +4,6 @@ space of the output folder's disk."""
 import functools
 import os
 import shutil
-import tempfile
 from typing import NamedTuple
 
 import torch
@@ -114,17 +113,6 @@ def nearest_folder(path: str) -> str:
     while not os.path.isdir(where):
         where = os.path.dirname(where)
     return where
-
-
-def check_writable(path: str, flag: str = "--out_dir"):
-    """A folder made and removed where the run will write: a read-only disk, a folder of another
-    user's or a virtual filesystem (/proc) is refused here, not by the first save. The folder's
-    own contents stay as they are."""
-    where = nearest_folder(path)
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".rlep-write-test-", dir=where))
-    except OSError as e:
-        raise UserError(f"{flag} {path}: cannot write in {where} ({e.strerror})") from None
 
 
 def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1) -> str:

@@ -18,6 +18,7 @@ import os
 import re
 import string
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import torch
 from machinery import UserError
 from machinery.checkpoints import checkpoint_path, check_resume, damage, latest_checkpoint
 from machinery.data import load_pool
-from machinery.disk import check_disk, check_writable, meta_model
+from machinery.disk import check_disk, meta_model
 from machinery.files import read_jsonl
 
 
@@ -112,10 +113,7 @@ def check_config(cfg, world_size: int = 1) -> list[str]:
     check_cuda(cfg.preset)
     check_ranges(asdict(cfg), number_ranges)
     check_template(cfg.prompt_template)
-    for flag in ("out_dir", "cache_dir"):
-        if not getattr(cfg, flag).strip():
-            raise UserError(f"--{flag} {getattr(cfg, flag)!r}: a folder is needed")
-    # before a built-in model is made there
+    # before a built-in model is made there (--out_dir's is rank 0's, in check_start)
     check_folder(cfg.cache_dir, "--cache_dir")
     for name, other in at_most.items():
         if getattr(cfg, name) > getattr(cfg, other):
@@ -425,8 +423,13 @@ def check_context(cfg, config):
 
 
 def check_folder(path: str, flag: str):
-    """A folder the run writes in: one already there, or one that can be made (no file, and no
-    link to nothing on the way)."""
+    """A folder the run writes in: a name given, one already there, or one that can be made (no
+    file, and no link to nothing on the way), and writable: a folder made and removed in the
+    nearest one that exists, where the run will write, so that a read-only disk, a folder of
+    another user's or a virtual filesystem (/proc) is refused here, not by the first save. The
+    folder's own contents stay as they are."""
+    if not path.strip():
+        raise UserError(f"{flag} {path!r}: a folder is needed")
     where = os.path.abspath(path)
     while not os.path.isdir(where):
         if os.path.islink(where) and not os.path.exists(where):
@@ -435,7 +438,10 @@ def check_folder(path: str, flag: str):
             inside = "" if where == os.path.abspath(path) else f" {where} is"
             raise UserError(f"{flag} {path}:{inside} a file, not a folder")
         where = os.path.dirname(where)
-    check_writable(path, flag)
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rlep-write-test-", dir=where))
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot write in {where} ({e.strerror})") from None
 
 
 def is_run(folder: str) -> bool:
