@@ -65,6 +65,11 @@ def checkpoint_size(model_path: str, ranks: int = 1) -> CheckpointSize:
 trained_parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"], "collect": []}
 
 
+def collects(cfg) -> bool:
+    """Whether the command collects a pool: not --phase 1 or 2, nor a run given --pool."""
+    return cfg.phase in ("all", "collect") and not cfg.pool
+
+
 def disk_budget(cfg, size: CheckpointSize, held: dict) -> dict:
     """Bytes of checkpoints, at their peak, of the parts this command runs (cfg.phase), from what
     the run holds now (`held`, from held_checkpoints) and a new checkpoint's `size`. The saves
@@ -96,9 +101,8 @@ def log_bytes(cfg, num_rows: int) -> int:
                 for part in trained_parts[cfg.phase])
     sample = 8 * (cfg.max_prompt_len + cfg.max_response_len)
     per_step = 2000 + 120 * cfg.prompts_per_step + cfg.log_samples * sample
-    collects = cfg.phase in ("all", "collect") and not cfg.pool
     pool = 4 * cfg.collect_k * cfg.max_response_len * num_rows
-    return steps * per_step + collects * pool + 10**6
+    return steps * per_step + collects(cfg) * pool + 10**6
 
 
 def show_bytes(n: float) -> str:
