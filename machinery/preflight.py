@@ -359,7 +359,7 @@ def check_weights(folder: str, flag: str, config):
                             "vocab_size, the layers' sizes: a config of another model?)")
 
 
-def check_tokenizer(tokenizer, path: str, flag: str = "--model_path"):
+def check_tokenizer(tokenizer, path: str, flag: str):
     """A tokenizer rlep.py can use: transformers builds a one-token tokenizer from a folder
     without tokenizer files, and every row is rendered with apply_chat_template, whose template
     must render."""
@@ -538,15 +538,14 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
     data's digests (data_digests)."""
     check_folder(cfg.out_dir, "--out_dir")
     check_one_run(cfg.out_dir)
-    saved, config_path = {}, os.path.join(cfg.out_dir, "config.json")
-    if os.path.isfile(config_path):
-        if not cfg.resume:
-            raise UserError(f"{cfg.out_dir} already holds a run: pass --resume to continue "
-                            "it, or another --out_dir")
-        saved = read_saved_config(cfg, config_path)
-    elif cfg.resume:
-        raise UserError(f"--resume: {cfg.out_dir} holds no run (no config.json): check its "
-                        "name, or leave out --resume to start one there")
+    # a run there (its config.json) exactly when --resume is given
+    config_path = os.path.join(cfg.out_dir, "config.json")
+    if os.path.isfile(config_path) != cfg.resume:
+        raise UserError(f"--resume: {cfg.out_dir} holds no run (no config.json): check its name, "
+                        "or leave out --resume to start one there" if cfg.resume else
+                        f"{cfg.out_dir} already holds a run: pass --resume to continue it, or "
+                        "another --out_dir")
+    saved = read_saved_config(cfg, config_path) if cfg.resume else {}
     at = {f"{part}_step": latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
           for part in ("phase1", "phase2")}
     digests = data_digests(inputs)
@@ -557,8 +556,8 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
                                     lambda t: end_token(t, cfg.stop_token))
     check_context(cfg, config)
     check_rows(cfg, inputs, tokenizer, prompt_text)
-    named_rows = dict(zip(("training", "validation", "pooled"), inputs))
-    warn_cut_prompts(named_rows, tokenizer, cfg.max_prompt_len, cfg.prompt_template, prompt_text)
+    warn_cut_prompts(dict(zip(("training", "validation", "pooled"), inputs)), tokenizer,
+                     cfg.max_prompt_len, cfg.prompt_template, prompt_text)
     disk_line = check_disk(cfg, model_path, len(inputs[0]), world_size)
     if cfg.wandb_project:
         check_wandb(cfg.wandb_project)
