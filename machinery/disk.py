@@ -111,14 +111,6 @@ def show_bytes(n: float) -> str:
     return f"{n / max(size, 1):.1f} {unit}"
 
 
-def nearest_folder(path: str) -> str:
-    """The folder, or the nearest folder above it that exists (where it will be made)."""
-    where = os.path.abspath(path)
-    while not os.path.isdir(where):
-        where = os.path.dirname(where)
-    return where
-
-
 def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1) -> str:
     """Refuse a command whose checkpoints, metrics, samples and pool would not fit on the output
     disk (num_rows: the training prompts the collection answers). Called before anything is
@@ -126,8 +118,11 @@ def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1) -> str:
     the run's start."""
     need = disk_budget(cfg, checkpoint_size(model_path, ranks), held_checkpoints(cfg.out_dir))
     logs = log_bytes(cfg, num_rows)
-    # the output folder may not exist yet: the disk it will be on
-    where = nearest_folder(cfg.out_dir)
+    # the output folder may not exist yet: the disk it will be on, the nearest folder above it
+    # that exists (preflight.check_folder walks up as this does)
+    where = os.path.abspath(cfg.out_dir)
+    while not os.path.isdir(where):
+        where = os.path.dirname(where)
     free = shutil.disk_usage(where).free + sum(map(folder_bytes, leftovers(cfg.out_dir)))
     if need["need"] + logs > free:
         raise UserError(f"--out_dir {cfg.out_dir}: {show_bytes(free)} free, this command's "
