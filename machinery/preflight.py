@@ -270,7 +270,24 @@ def check_model(path: str, flag: str, end_token) -> tuple:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError) as e:  # a folder without a tokenizer, say
         raise UserError(f"{flag} {path}: {first_line(e)}") from None
-    check_tokenizer(tokenizer, path, flag)
+    # transformers builds a one-token tokenizer from a folder without tokenizer files, and every
+    # row is rendered with apply_chat_template, whose template must render
+    if len(tokenizer) < 2:
+        raise UserError(f"{flag} {path}: no tokenizer (tokenizer.json, or vocab.json and "
+                        "merges.txt): copy the model's tokenizer files into it")
+    if not tokenizer.chat_template:
+        raise UserError(f"{flag} {path}: the tokenizer has no chat template (prompts are "
+                        "rendered with apply_chat_template): copy the model's "
+                        "chat_template.jinja or tokenizer_config.json into it")
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}],
+                                             add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # jinja's TemplateError, or the template's own raise
+        raise UserError(f"{flag} {path}: its chat template does not render "
+                        f"({first_line(e)})") from None
+    if "1 + 1?" not in text:  # every prompt would be the same (vLLM refuses an empty one)
+        raise UserError(f"{flag} {path}: its chat template leaves the user's message out of the "
+                        f"prompt (it renders {text[:40]!r})")
     end = end_token(tokenizer)
     if end is None:
         raise UserError(f"{flag} {path}: the tokenizer has no EOS token to end a response: "
@@ -357,28 +374,6 @@ def check_weights(folder: str, flag: str, config):
             raise UserError(f"{flag} {folder}: {key} is {list(shapes[key])} in the weights, "
                             f"{list(expected[key].shape)} by its config.json (hidden_size, "
                             "vocab_size, the layers' sizes: a config of another model?)")
-
-
-def check_tokenizer(tokenizer, path: str, flag: str):
-    """A tokenizer rlep.py can use: transformers builds a one-token tokenizer from a folder
-    without tokenizer files, and every row is rendered with apply_chat_template, whose template
-    must render."""
-    if len(tokenizer) < 2:
-        raise UserError(f"{flag} {path}: no tokenizer (tokenizer.json, or vocab.json and "
-                        "merges.txt): copy the model's tokenizer files into it")
-    if not tokenizer.chat_template:
-        raise UserError(f"{flag} {path}: the tokenizer has no chat template (prompts are "
-                        "rendered with apply_chat_template): copy the model's "
-                        "chat_template.jinja or tokenizer_config.json into it")
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}],
-                                             add_generation_prompt=True, tokenize=False)
-    except Exception as e:  # jinja's TemplateError, or the template's own raise
-        raise UserError(f"{flag} {path}: its chat template does not render "
-                        f"({first_line(e)})") from None
-    if "1 + 1?" not in text:  # every prompt would be the same (vLLM refuses an empty one)
-        raise UserError(f"{flag} {path}: its chat template leaves the user's message out of the "
-                        f"prompt (it renders {text[:40]!r})")
 
 
 # RoPE types whose factor vLLM does not apply again to the context (theirs is already scaled)
