@@ -4,7 +4,6 @@ space of the output folder's disk."""
 import functools
 import os
 import shutil
-import tempfile
 from typing import NamedTuple
 
 import torch
@@ -66,6 +65,11 @@ def checkpoint_size(model_path: str, ranks: int = 1) -> CheckpointSize:
 trained_parts = {"all": ["phase1", "phase2"], "1": ["phase1"], "2": ["phase2"], "collect": []}
 
 
+def collects(cfg) -> bool:
+    """Whether the command collects a pool: not --phase 1 or 2, nor a run given --pool."""
+    return cfg.phase in ("all", "collect") and not cfg.pool
+
+
 def disk_budget(cfg, size: CheckpointSize, held: dict) -> dict:
     """Bytes of checkpoints, at their peak, of the parts this command runs (cfg.phase), from what
     the run holds now (`held`, from held_checkpoints) and a new checkpoint's `size`. The saves
@@ -97,34 +101,14 @@ def log_bytes(cfg, num_rows: int) -> int:
                 for part in trained_parts[cfg.phase])
     sample = 8 * (cfg.max_prompt_len + cfg.max_response_len)
     per_step = 2000 + 120 * cfg.prompts_per_step + cfg.log_samples * sample
-    collects = cfg.phase in ("all", "collect") and not cfg.pool
     pool = 4 * cfg.collect_k * cfg.max_response_len * num_rows
-    return steps * per_step + collects * pool + 10**6
+    return steps * per_step + collects(cfg) * pool + 10**6
 
 
 def show_bytes(n: float) -> str:
     """GB, MB below a GB, kB below an MB."""
     size, unit = next(x for x in ((1e9, "GB"), (1e6, "MB"), (1e3, "kB"), (0, "B")) if n >= x[0])
     return f"{n / max(size, 1):.1f} {unit}"
-
-
-def nearest_folder(path: str) -> str:
-    """The folder, or the nearest folder above it that exists (where it will be made)."""
-    where = os.path.abspath(path)
-    while not os.path.isdir(where):
-        where = os.path.dirname(where)
-    return where
-
-
-def check_writable(path: str, flag: str = "--out_dir"):
-    """A folder made and removed where the run will write: a read-only disk, a folder of another
-    user's or a virtual filesystem (/proc) is refused here, not by the first save. The folder's
-    own contents stay as they are."""
-    where = nearest_folder(path)
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".rlep-write-test-", dir=where))
-    except OSError as e:
-        raise UserError(f"{flag} {path}: cannot write in {where} ({e.strerror})") from None
 
 
 def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1) -> str:
@@ -134,8 +118,11 @@ def check_disk(cfg, model_path: str, num_rows: int = 0, ranks: int = 1) -> str:
     the run's start."""
     need = disk_budget(cfg, checkpoint_size(model_path, ranks), held_checkpoints(cfg.out_dir))
     logs = log_bytes(cfg, num_rows)
-    # the output folder may not exist yet: the disk it will be on
-    where = nearest_folder(cfg.out_dir)
+    # the output folder may not exist yet: the disk it will be on, the nearest folder above it
+    # that exists (preflight.check_folder walks up as this does)
+    where = os.path.abspath(cfg.out_dir)
+    while not os.path.isdir(where):
+        where = os.path.dirname(where)
     free = shutil.disk_usage(where).free + sum(map(folder_bytes, leftovers(cfg.out_dir)))
     if need["need"] + logs > free:
         raise UserError(f"--out_dir {cfg.out_dir}: {show_bytes(free)} free, this command's "

@@ -18,6 +18,7 @@ import os
 import re
 import string
 import sys
+import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -26,7 +27,7 @@ import torch
 from machinery import UserError
 from machinery.checkpoints import checkpoint_path, check_resume, damage, latest_checkpoint
 from machinery.data import load_pool
-from machinery.disk import check_disk, check_writable, meta_model
+from machinery.disk import check_disk, collects, meta_model, trained_parts
 from machinery.files import read_jsonl
 
 
@@ -112,10 +113,7 @@ def check_config(cfg, world_size: int = 1) -> list[str]:
     check_cuda(cfg.preset)
     check_ranges(asdict(cfg), number_ranges)
     check_template(cfg.prompt_template)
-    for flag in ("out_dir", "cache_dir"):
-        if not getattr(cfg, flag).strip():
-            raise UserError(f"--{flag} {getattr(cfg, flag)!r}: a folder is needed")
-    # before a built-in model is made there
+    # before a built-in model is made there (--out_dir's is rank 0's, in check_start)
     check_folder(cfg.cache_dir, "--cache_dir")
     for name, other in at_most.items():
         if getattr(cfg, name) > getattr(cfg, other):
@@ -211,43 +209,39 @@ def resume_changes(cfg, saved: dict, at: dict) -> list[dict]:
             for name in compared if name in changed or name in lacking]
 
 
-def commit_changes(cfg, saved: dict, at: dict, commits: dict) -> list[dict]:
-    """A --resume whose hub name now resolves to another commit than its run's config.json
-    records (a model or data file updated on the hub) is refused, as a changed flag is; with
-    --override, the records of the new commits for config.json's "overrides"."""
-    before = saved.get("hub_commits", {})
-    changed = [name for name, commit in commits.items() if before.get(name, commit) != commit]
-    if changed and not cfg.override:
-        shown = ", ".join(f"{name} at {before[name][:12]} (now {commits[name][:12]})"
-                          for name in changed)
-        raise UserError(f"--resume: the run in {cfg.out_dir} read {shown} on the hub: restore "
-                        "that commit in huggingface_hub's cache, or add --override to continue "
-                        "with the new one (config.json records the change)")
-    return [{"field": name, "from": before[name], "to": commits[name], **at} for name in changed]
+def recorded_changes(cfg, saved: dict, at: dict, commits: dict, digests: dict) -> list[dict]:
+    """What the run read, as its config.json records it, against what this command reads: a
+    --resume whose hub name now resolves to another commit (a model or data file updated on the
+    hub; `commits`, hub's), or whose data file's rows are not those its run read (the answers
+    edited between a stop and its resume; `digests`, data_digests'), is refused, as a changed
+    flag is; with --override, the records of the new commits and digests for config.json's
+    "overrides"."""
+    records = []
+    for key, now, field in (("hub_commits", commits, "{}"), ("data_digests", digests, "{} rows")):
+        before = saved.get(key, {})
+        # a name config.json lacks (an older run's, a file the run did not read) is no change
+        changed = [name for name, value in now.items() if before.get(name, value) != value]
+        if changed and not cfg.override and key == "hub_commits":
+            shown = ", ".join(f"{name} at {before[name][:12]} (now {now[name][:12]})"
+                              for name in changed)
+            raise UserError(f"--resume: the run in {cfg.out_dir} read {shown} on the hub: "
+                            "restore that commit in huggingface_hub's cache, or add --override "
+                            "to continue with the new one (config.json records the change)")
+        if changed and not cfg.override:
+            raise UserError(f"--resume: --{changed[0]} {getattr(cfg, changed[0])}: its rows are "
+                            f"not those the run in {cfg.out_dir} read (their SHA-256 differs "
+                            "from config.json's): restore the file, or add --override to "
+                            "continue on these rows (config.json records the change)")
+        records += [{"field": field.format(name), "from": before[name], "to": now[name], **at}
+                    for name in changed]
+    return records
 
 
-def data_digests(cfg, inputs: tuple) -> dict:
+def data_digests(inputs: tuple) -> dict:
     """{flag: the SHA-256 of its rows as read} of the data files this command read (inputs:
     data.read_inputs'), for config.json's "data_digests": a local file has no hub commit."""
-    flags = ("train_file", "val_file", "pool")
     return {flag: hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
-            for flag, rows in zip(flags, inputs) if rows}
-
-
-def data_changes(cfg, saved: dict, at: dict, digests: dict) -> list[dict]:
-    """A --resume whose data file's rows are not those its run read (the answers edited between a
-    stop and its resume) is refused, as a changed flag is; with --override, the records of the
-    new digests for config.json's "overrides"."""
-    before = saved.get("data_digests", {})
-    changed = [flag for flag, digest in digests.items() if before.get(flag, digest) != digest]
-    if changed and not cfg.override:
-        flag = changed[0]
-        raise UserError(f"--resume: --{flag} {getattr(cfg, flag)}: its rows are not those the "
-                        f"run in {cfg.out_dir} read (their SHA-256 differs from config.json's): "
-                        "restore the file, or add --override to continue on these rows "
-                        "(config.json records the change)")
-    return [{"field": f"{flag} rows", "from": before[flag], "to": digests[flag], **at}
-            for flag in changed]
+            for flag, rows in zip(("train_file", "val_file", "pool"), inputs) if rows}
 
 
 def check_model(path: str, flag: str, end_token) -> tuple:
@@ -276,7 +270,24 @@ def check_model(path: str, flag: str, end_token) -> tuple:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError) as e:  # a folder without a tokenizer, say
         raise UserError(f"{flag} {path}: {first_line(e)}") from None
-    check_tokenizer(tokenizer, path, flag)
+    # transformers builds a one-token tokenizer from a folder without tokenizer files, and every
+    # row is rendered with apply_chat_template, whose template must render
+    if len(tokenizer) < 2:
+        raise UserError(f"{flag} {path}: no tokenizer (tokenizer.json, or vocab.json and "
+                        "merges.txt): copy the model's tokenizer files into it")
+    if not tokenizer.chat_template:
+        raise UserError(f"{flag} {path}: the tokenizer has no chat template (prompts are "
+                        "rendered with apply_chat_template): copy the model's "
+                        "chat_template.jinja or tokenizer_config.json into it")
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}],
+                                             add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # jinja's TemplateError, or the template's own raise
+        raise UserError(f"{flag} {path}: its chat template does not render "
+                        f"({first_line(e)})") from None
+    if "1 + 1?" not in text:  # every prompt would be the same (vLLM refuses an empty one)
+        raise UserError(f"{flag} {path}: its chat template leaves the user's message out of the "
+                        f"prompt (it renders {text[:40]!r})")
     end = end_token(tokenizer)
     if end is None:
         raise UserError(f"{flag} {path}: the tokenizer has no EOS token to end a response: "
@@ -351,41 +362,18 @@ def check_weights(folder: str, flag: str, config):
         raise UserError(f"{flag} {folder}: none of its weights' names is one of the "
                         f"{config.model_type} model config.json describes")
     # the layers on both sides: vLLM refuses a weight the model lacks, after the run's start
-    layered = re.compile(r"\.layers\.\d+\.(?!.*inv_freq$)")
-    unmatched = [(key, "has no such weight") for key in expected if key not in shapes]
-    unmatched += [(key, "does not describe it") for key in shapes if key not in expected]
-    for key, why in unmatched:
-        if layered.search(key):
-            raise UserError(f"{flag} {folder}: {key}: its config.json {why} (num_hidden_layers "
-                            f"{config.get_text_config().num_hidden_layers}: a config of another "
-                            "model?)")
+    for names, others, why in ((expected, shapes, "has no such weight"),
+                               (shapes, expected, "does not describe it")):
+        for key in names:
+            if key not in others and re.search(r"\.layers\.\d+\.(?!.*inv_freq$)", key):
+                raise UserError(f"{flag} {folder}: {key}: its config.json {why} "
+                                f"(num_hidden_layers {config.get_text_config().num_hidden_layers}"
+                                ": a config of another model?)")
     for key in shared:
-        if list(shapes[key]) != list(expected[key].shape):
+        if shapes[key] != list(expected[key].shape):  # get_shape gives a list
             raise UserError(f"{flag} {folder}: {key} is {list(shapes[key])} in the weights, "
                             f"{list(expected[key].shape)} by its config.json (hidden_size, "
                             "vocab_size, the layers' sizes: a config of another model?)")
-
-
-def check_tokenizer(tokenizer, path: str, flag: str = "--model_path"):
-    """A tokenizer rlep.py can use: transformers builds a one-token tokenizer from a folder
-    without tokenizer files, and every row is rendered with apply_chat_template, whose template
-    must render."""
-    if len(tokenizer) < 2:
-        raise UserError(f"{flag} {path}: no tokenizer (tokenizer.json, or vocab.json and "
-                        "merges.txt): copy the model's tokenizer files into it")
-    if not tokenizer.chat_template:
-        raise UserError(f"{flag} {path}: the tokenizer has no chat template (prompts are "
-                        "rendered with apply_chat_template): copy the model's "
-                        "chat_template.jinja or tokenizer_config.json into it")
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": "1 + 1?"}],
-                                             add_generation_prompt=True, tokenize=False)
-    except Exception as e:  # jinja's TemplateError, or the template's own raise
-        raise UserError(f"{flag} {path}: its chat template does not render "
-                        f"({first_line(e)})") from None
-    if "1 + 1?" not in text:  # every prompt would be the same (vLLM refuses an empty one)
-        raise UserError(f"{flag} {path}: its chat template leaves the user's message out of the "
-                        f"prompt (it renders {text[:40]!r})")
 
 
 # RoPE types whose factor vLLM does not apply again to the context (theirs is already scaled)
@@ -425,8 +413,13 @@ def check_context(cfg, config):
 
 
 def check_folder(path: str, flag: str):
-    """A folder the run writes in: one already there, or one that can be made (no file, and no
-    link to nothing on the way)."""
+    """A folder the run writes in: a name given, one already there, or one that can be made (no
+    file, and no link to nothing on the way), and writable: a folder made and removed in the
+    nearest one that exists, where the run will write, so that a read-only disk, a folder of
+    another user's or a virtual filesystem (/proc) is refused here, not by the first save. The
+    folder's own contents stay as they are."""
+    if not path.strip():
+        raise UserError(f"{flag} {path!r}: a folder is needed")
     where = os.path.abspath(path)
     while not os.path.isdir(where):
         if os.path.islink(where) and not os.path.exists(where):
@@ -435,7 +428,10 @@ def check_folder(path: str, flag: str):
             inside = "" if where == os.path.abspath(path) else f" {where} is"
             raise UserError(f"{flag} {path}:{inside} a file, not a folder")
         where = os.path.dirname(where)
-    check_writable(path, flag)
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".rlep-write-test-", dir=where))
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot write in {where} ({e.strerror})") from None
 
 
 def is_run(folder: str) -> bool:
@@ -461,8 +457,10 @@ def check_one_run(out_dir: str):
             raise UserError(f"--out_dir {out_dir}: holds the run in {root}: a run's folder holds "
                             "one run; move it out, or choose another --out_dir")
     parts = [p for p in ("phase1", "collect", "phase2") if os.path.exists(os.path.join(here, p))]
-    for name in parts + ["rlep.lock"] * os.path.isdir(os.path.join(here, "rlep.lock")):
-        if os.path.isdir(os.path.join(here, name)) == (name == "rlep.lock"):
+    # the parts are folders, the lock a file
+    for name in parts + ["rlep.lock"]:
+        path = os.path.join(here, name)
+        if os.path.exists(path) and os.path.isdir(path) == (name == "rlep.lock"):
             kind = "a folder" if name == "rlep.lock" else "a file"
             raise UserError(f"--out_dir {out_dir}: its {name} is {kind}, which the run writes "
                             "as the other: move it away")
@@ -476,9 +474,10 @@ def check_run_rows(out_dir: str):
     """The rows of the run's own JSONL files that a resume reads hold the keys it reads: each
     part's metrics and samples their step (the rows past the checkpoint go), the collection's
     progress its prompts' ids and answers."""
-    needed = {os.path.join(part, name): {"step": int} for part in ("phase1", "phase2")
-              for name in ("metrics.jsonl", "samples.jsonl")}
-    needed[os.path.join("collect", "progress.jsonl")] = {"id": str, "successes": list}
+    step = {"step": int}
+    needed = {"phase1/metrics.jsonl": step, "phase1/samples.jsonl": step,
+              "phase2/metrics.jsonl": step, "phase2/samples.jsonl": step,
+              "collect/progress.jsonl": {"id": str, "successes": list}}
     for name, keys in needed.items():
         path = os.path.join(out_dir, name)
         for i, row in enumerate(read_jsonl(path), start=1):
@@ -492,9 +491,8 @@ def check_run_rows(out_dir: str):
 def check_checkpoints(cfg):
     """The checkpoints this command reads are whole (checkpoints.damage): each part's newest,
     which a resume continues, and phase one's at collect_step, which the collection reads."""
-    for part in ("1", "2"):
-        if cfg.phase in ("all", part):
-            check_resume(os.path.join(cfg.out_dir, f"phase{part}"))
+    for part in trained_parts[cfg.phase]:
+        check_resume(os.path.join(cfg.out_dir, part))
     if not collects(cfg) or os.path.isfile(os.path.join(cfg.out_dir, "collect", "pool.jsonl")):
         return
     phase1 = os.path.join(cfg.out_dir, "phase1")
@@ -535,28 +533,26 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
     data's digests (data_digests)."""
     check_folder(cfg.out_dir, "--out_dir")
     check_one_run(cfg.out_dir)
-    saved, config_path = {}, os.path.join(cfg.out_dir, "config.json")
-    if os.path.isfile(config_path):
-        if not cfg.resume:
-            raise UserError(f"{cfg.out_dir} already holds a run: pass --resume to continue "
-                            "it, or another --out_dir")
-        saved = read_saved_config(cfg, config_path)
-    elif cfg.resume:
-        raise UserError(f"--resume: {cfg.out_dir} holds no run (no config.json): check its "
-                        "name, or leave out --resume to start one there")
+    # a run there (its config.json) exactly when --resume is given
+    config_path = os.path.join(cfg.out_dir, "config.json")
+    if os.path.isfile(config_path) != cfg.resume:
+        raise UserError(f"--resume: {cfg.out_dir} holds no run (no config.json): check its name, "
+                        "or leave out --resume to start one there" if cfg.resume else
+                        f"{cfg.out_dir} already holds a run: pass --resume to continue it, or "
+                        "another --out_dir")
+    saved = read_saved_config(cfg, config_path) if cfg.resume else {}
     at = {f"{part}_step": latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
           for part in ("phase1", "phase2")}
-    digests = data_digests(cfg, inputs)
-    changes = (resume_changes(cfg, saved, at) + commit_changes(cfg, saved, at, commits)
-               + data_changes(cfg, saved, at, digests))
+    digests = data_digests(inputs)
+    changes = resume_changes(cfg, saved, at) + recorded_changes(cfg, saved, at, commits, digests)
     check_checkpoints(cfg)
     check_run_rows(cfg.out_dir)
     tokenizer, config = check_model(model_path, "--model_path",
                                     lambda t: end_token(t, cfg.stop_token))
     check_context(cfg, config)
     check_rows(cfg, inputs, tokenizer, prompt_text)
-    named_rows = dict(zip(("training", "validation", "pooled"), inputs))
-    warn_cut_prompts(named_rows, tokenizer, cfg.max_prompt_len, cfg.prompt_template, prompt_text)
+    warn_cut_prompts(dict(zip(("training", "validation", "pooled"), inputs)), tokenizer,
+                     cfg.max_prompt_len, cfg.prompt_template, prompt_text)
     disk_line = check_disk(cfg, model_path, len(inputs[0]), world_size)
     if cfg.wandb_project:
         check_wandb(cfg.wandb_project)
@@ -671,11 +667,6 @@ def read_saved_config(cfg, path: str) -> dict:
 def warn(line: str, script: str = "rlep.py"):
     """A legal but surprising input: one line, on the rank that checks."""
     print(f"{script}: warning: {line}", file=sys.stderr, flush=True)
-
-
-def collects(cfg) -> bool:
-    """Whether the command collects a pool: not --phase 1 or 2, nor a run given --pool."""
-    return cfg.phase in ("all", "collect") and not cfg.pool
 
 
 def check_save_plan(cfg):
