@@ -246,7 +246,8 @@ mutations = [
      ("", "        os.replace(tmp, final)\n        write_record(final, step)\n"),
      [killed_saves]),
     ("a pruned checkpoint deleted in place", "machinery/checkpoints.py",
-     'os.replace(folder, folder + ".deleting")\n                shutil.rmtree(folder + ".deleting")',
+     ('os.replace(folder, folder + ".deleting")\n'
+      '                shutil.rmtree(folder + ".deleting")'),
      "shutil.rmtree(folder)",
      [killed_saves]),
     ("a stopped save's .tmp kept", "machinery/checkpoints.py",
