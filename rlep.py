@@ -712,19 +712,17 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
             if isinstance(grad_norm, DTensor):
                 grad_norm = grad_norm.full_tensor()
-            grad_norm = grad_norm.item()
-            # a NaN/inf gradient would poison AdamW's moments: skip, as verl
-            if math.isfinite(grad_norm):
-                optimizer.step()
+            # not skipped where the norm is not finite (verl skips): train stops the run at the
+            # step's end on the mean norm and the weights, before a push or save
+            optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            stats["grad_norm"].append(grad_norm)
-            stats["skipped_updates"].append(not math.isfinite(grad_norm))
+            stats["grad_norm"].append(grad_norm.item())
     # to the host once a step: the means of this rank's micro-batches
     summary = {key: float(torch.stack(stats.pop(key)).double().mean())
                for key in ("clip_frac", "dual_clip_frac", "ratio_mean")}
     summary["ratio_max"] = float(torch.stack(stats.pop("ratio_max")).max())
+    # not finite if any update's is
     summary["grad_norm"] = float(np.mean(stats["grad_norm"]))
-    summary["skipped_updates"] = float(np.sum(stats["skipped_updates"]))
     for key in ("trained_tokens", "trained_response_tokens"):
         summary[key] = int(np.sum(stats[key]))
     return summary, list(rows.values())
@@ -903,9 +901,10 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
             update_seed = seed_for(cfg.seed, part, step, "update")
             stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update,
                                         cfg, d, pad_id, update_seed)
-        # a diverged update (its gradient or the weights no longer finite) stops the run before
-        # the push and any save: the newest checkpoint stays the last good one
-        if stats["skipped_updates"] or not fsdp.weights_finite(policy):
+        # The one check of divergence: an update whose gradient norm (a NaN gradient made the
+        # weights NaN) or weights are no longer finite stops the run before the push and any
+        # save; the newest checkpoint stays the last good one.
+        if not (math.isfinite(stats["grad_norm"]) and fsdp.weights_finite(policy)):
             raise RunStopped(checkpoints.divergence_line(part_dir, step + 1, stats["grad_norm"],
                                                          cfg.lr))
         with clock("push", times):
