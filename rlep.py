@@ -651,19 +651,15 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
     # a cache of bf16 weight copies would cost 13 GiB for 7B
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
-    # every rank's groups, {position: GroupSize} (one small gather): each group's response tokens,
-    # the end token and the replays' included, whose sum over a mini-batch is its N; its rows'
-    # lengths, by which the planner deals the rows
-    my_sizes = [planner.GroupSize(position, sum(len(s.completion_ids) for s in group),
-                                  tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group),
-                                  d.rank) for position, group in my_groups.items()]
-    sizes = {g.position: g for g in ranks.gather_lists(my_sizes, d)}
+    # every rank's groups' sizes (one small gather): N's tokens, the rows' lengths
+    sizes = planner.group_sizes(my_groups, d)
     total_samples = sum(len(g.row_lengths) for g in sizes.values())
     num_updates = max(1, round(total_samples / sequences_per_update))
     split = planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
-    # rows, not groups, are dealt to the ranks (by tokens): this rank's, one exchange a step
-    rows = planner.step_rows(my_groups, sizes, plan_mini_batches(len(sizes), num_updates, 0, 0),
-                             split, d)
+    # rows, not groups, dealt to the ranks by tokens (one exchange a step): this rank's
+    # micro-batches of each mini-batch, as many as every other rank's (FSDP2's lockstep)
+    dealt, rows = planner.deal(my_groups, sizes, plan_mini_batches(len(sizes), num_updates, 0, 0),
+                               split, d, pad_id)
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
         # a mini-batch: a run of the step's shuffled prompts, whole groups, replays included; later
@@ -671,10 +667,8 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
         runs = plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))
         # N: each mini-batch's response tokens on all ranks
         num_tokens = [sum(sizes[p].response_tokens for p in run) for run in runs]
-        # this rank's micro-batches of each, as many as every other rank's (FSDP2's lockstep)
-        mini_batches = [[collate(samples, pad_id, d.device, cfg.share_prompts) for samples
-                         in planner.micro_batches(run, rows, sizes, split, d, pad_id)]
-                        for run in runs]
+        mini_batches = [[collate(samples, pad_id, d.device, cfg.share_prompts)
+                         for samples in dealt[tuple(run)]] for run in runs]
         if epoch == 0:
             # π_θold of every sequence, replays included, in one no-grad pass before any update, for
             # every mini-batch but the first (below)

@@ -178,9 +178,9 @@ mutations = [
     ("no generation prompt", "rlep.py", "add_generation_prompt=True,",
      "add_generation_prompt=False,",
      [guarantees + "test_a_long_prompt_keeps_its_end_and_loses_its_start"]),
-    ("N without the replays' tokens", "rlep.py",
-     "planner.GroupSize(position, sum(len(s.completion_ids) for s in group),",
-     "planner.GroupSize(position, sum(len(s.completion_ids) for s in group if not s.replay),",
+    ("N without the replays' tokens", "machinery/planner.py",
+     "GroupSize(position, sum(len(s.completion_ids) for s in group),",
+     "GroupSize(position, sum(len(s.completion_ids) for s in group if not s.replay),",
      [guarantees + "test_n_counts_the_replays_tokens"]),
     # the planner: rows dealt to the ranks, as many passes on each
     ("passes rounded down", "machinery/planner.py", "passes = -(-len(cut(rows, 0)) // world_size)",
@@ -281,16 +281,15 @@ mutations = [
      [paper_rule]),
     # the lockstep, the bf16 reduce, the update's T, the push and its guard
     ("a short rank repeats its last micro-batch", "machinery/planner.py",
-     "return mine + [[idle]] * (max(map(len, plan)) - len(mine))",
-     "return mine + [mine[-1] if mine else [idle]] * (max(map(len, plan)) - len(mine))",
+     "dealt[run] = mine + [[idle]] * (max(map(len, plan)) - len(mine))",
+     "dealt[run] = mine + [mine[-1] if mine else [idle]] * (max(map(len, plan)) - len(mine))",
      [uneven_lockstep]),
     ("idle passes counted in the metrics", "rlep.py",
      'if not isinstance(micro["samples"][0], planner.IdleSample):', "if True:",
      [uneven_lockstep]),
-    ("shared groups planned at position % W", "rlep.py",
-     "                                  d.rank) for position, group in my_groups.items()]",
-     "                                  position % d.world_size) for position, group in "
-     "my_groups.items()]", [uneven_lockstep]),
+    ("shared groups planned at position % W", "machinery/planner.py",
+     "d.rank) for position, group in my_groups.items()]",
+     "position % d.world_size) for position, group in my_groups.items()]", [uneven_lockstep]),
     ("bf16 runs reduce gradients in bf16", "machinery/fsdp.py", "reduce_dtype=torch.float32,",
      "reduce_dtype=torch.bfloat16,", [bf16_update]),
     ("bf16 runs gather fp32 weights", "machinery/fsdp.py",
@@ -418,7 +417,7 @@ mutations = [
 # Edits a search tried that no test can kill, because none changes what a run computes (why, for
 # each); `--equivalent` runs them, and each is expected to survive its tests.
 equivalent = [
-    ("step_rows plans epoch 1's order", "rlep.py",
+    ("deal plans epoch 1's order", "rlep.py",
      "plan_mini_batches(len(sizes), num_updates, 0, 0),",
      "plan_mini_batches(len(sizes), num_updates, 1, 0),",
      [planner, "tests/test_update.py"],
