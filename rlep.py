@@ -69,7 +69,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
@@ -262,24 +262,26 @@ def seed_for(*keys) -> int:
     digest = hashlib.sha256(repr(keys).encode()).digest()
     return int.from_bytes(digest[:4], "little") >> 1
 
-# seconds per activity: the time table at the run's end
-time_spent = collections.Counter()
-# base model -> its validation at step 0: one run's phases share it
-base_scores = {}
-# where the run is, for the line a stop prints
+# where the run is, for the line a stop prints: __main__ prints it after main has raised, so it
+# outlives main (each main starts it afresh)
 stage = ["start-up"]
 
 
+@dataclass
+class RunState:
+    """What one main keeps across its parts, made by main (a second main in the process starts
+    afresh): seconds per activity, for the time table at the run's end; the base model's
+    validation at step 0, which phase one and phase two share."""
+    spent: collections.Counter = field(default_factory=collections.Counter)
+    base_scores: dict = field(default_factory=dict)
+
+
 @contextlib.contextmanager
-def clock(activity: str, step_times: dict = None):
+def clock(activity: str, times: dict):
+    """Adds the block's seconds to times[activity] (a step's generation rounds add up)."""
     start = time.perf_counter()
     yield
-    seconds = time.perf_counter() - start
-    time_spent[activity] += seconds
-    if step_times is not None:
-        # a step's generation rounds add up
-        key = f"t_{activity}"
-        step_times[key] = step_times.get(key, 0.0) + seconds
+    times[activity] = times.get(activity, 0.0) + time.perf_counter() - start
 
 
 # ---------------------------------------------------------------------------
@@ -736,9 +738,8 @@ def learning_rate(step: int, cfg: Config) -> float:
 def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
     """avg@val_k, overall and per data source, without replays, seeded by the step (both phases
     draw the same), on rank 0, which logs it; {} elsewhere."""
-    with clock("validation"):
-        records = sample_and_grade(engine, tokenizer, val_rows, cfg.val_k, cfg, stop_ids, d,
-                                   seed_key=(cfg.seed, "val", step), progress=cfg.progress)
+    records = sample_and_grade(engine, tokenizer, val_rows, cfg.val_k, cfg, stop_ids, d,
+                               seed_key=(cfg.seed, "val", step), progress=cfg.progress)
     if not d.master_process:
         return {}
     scores = {"val_acc": float(np.mean([c for r in records for c in r["correct"]]))}
@@ -829,10 +830,39 @@ def visit(group: list[Sample]) -> dict:
             "replays": len(replays), "rescued": rescued}
 
 
+def log_step(cfg: Config, part: str, step: int, steps: int, update: dict, meter: dict,
+             times: dict, scores: dict, groups: list[list[Sample]], trained: list[Sample],
+             tokenizer, end_id: int, d: ranks.Dist):
+    """The step's record from every rank's counts (one gather); on rank 0 its row of
+    metrics.jsonl and W&B, the step's line and `log_samples` fresh completions in
+    samples.jsonl."""
+    visits = [visit(group) for group in groups]
+    my_counts = metrics.step_counts(groups, visits, metrics.logprob_gaps(trained),
+                                    tokenizer=tokenizer, cfg=cfg, stop_ids=[end_id],
+                                    update=update)
+    counts = ranks.gather_lists([my_counts], d)
+    # after the update's: step_record's all-rank token counts win
+    record = {"step": step, **update, **metrics.step_record(counts), **meter,
+              **{f"t_{activity}": seconds for activity, seconds in times.items()},
+              **fsdp.peak_memory(d.device), **scores}
+    if not d.master_process:
+        return
+    part_dir = os.path.join(cfg.out_dir, part)
+    files.append_jsonl(os.path.join(part_dir, "metrics.jsonl"), [record])
+    metrics.track(part, record)  # W&B, with --wandb_project
+    fresh = [s for g in groups for s in g if not s.replay][:cfg.log_samples]
+    shown = [{"step": step, "prompt": tokenizer.decode(s.prompt_ids), "reward": s.reward,
+              "response": tokenizer.decode(s.completion_ids)} for s in fresh]
+    files.append_jsonl(os.path.join(part_dir, "samples.jsonl"), shown)
+    metrics.log_step(part, step, steps, record)
+
+
 def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, tokenizer,
-          end_id: int, base_path: str, d: ranks.Dist, val_rows: list[dict], replay: bool = False):
+          end_id: int, base_path: str, d: ranks.Dist, val_rows: list[dict], replay: bool = False,
+          run: RunState = None):
     """Train from the base model (or the part's last checkpoint); with replay, rows carry pooled
-    responses."""
+    responses. A step: generate and grade, update, push, validate, log, save."""
+    run = run or RunState()
     part_dir = os.path.join(cfg.out_dir, part)
     steps = cfg.phase2_steps if replay else cfg.phase1_steps
     # the checkpoint's step, and the round of prompts it starts at
@@ -847,10 +877,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
                          "--collect_k, or continue with a smaller --prompts_per_step (--override)")
     os.makedirs(part_dir, exist_ok=True)
     metrics_path = os.path.join(part_dir, "metrics.jsonl")
-    samples_path = os.path.join(part_dir, "samples.jsonl")
     if d.master_process:
         # forget the steps logged after the checkpoint we resume from
-        for path in (metrics_path, samples_path):
+        for path in (metrics_path, os.path.join(part_dir, "samples.jsonl")):
             kept = [json.dumps(r) + "\n" for r in files.read_jsonl(path) if r["step"] <= start]
             files.write_atomic(path, "".join(kept))
 
@@ -859,17 +888,18 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         checkpoints.load_trainer_state(ckpt, policy, optimizer)
     stop_ids = [end_id]
     pad_id = end_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
-    with clock("push"):
+    with clock("push", run.spent):
         engine.push(policy.model)
-
     # the curve starts at the base model, validated once for both phases
     if start == 0 and cfg.val_every:
-        if base_path not in base_scores:
-            base_scores[base_path] = validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=0)
+        if base_path not in run.base_scores:
+            with clock("validation", run.spent):
+                run.base_scores[base_path] = validate(engine, tokenizer, val_rows, cfg,
+                                                      stop_ids, d, step=0)
+        first = {"step": 0, **run.base_scores[base_path]}
         if d.master_process:
-            row = json.dumps({"step": 0, **base_scores[base_path]}) + "\n"
-            files.write_atomic(metrics_path, row)
-            metrics.track(part, {"step": 0, **base_scores[base_path]})
+            files.write_atomic(metrics_path, json.dumps(first) + "\n")
+            metrics.track(part, first)
 
     # An update takes mini_batch_prompts x n sequences, as the paper's run.
     # RLEP: groups are n + m long, so a step of 512 x 18 makes round(512 x 18 / (64 x 16)) = 9
@@ -889,12 +919,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
                                        tokenizer, end_id, d, replay, times)
         # control: the next step's prompts follow this one's rounds
         prompt_round += meter["gen_rounds"]
-        groups = list(my_groups.values())
-
         with clock("training", times):
-            update_seed = seed_for(cfg.seed, part, step, "update")
-            stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update,
-                                        cfg, d, pad_id, update_seed)
+            stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update, cfg,
+                                        d, pad_id, seed_for(cfg.seed, part, step, "update"))
         # The one check of divergence: an update whose gradient norm (a NaN gradient made the
         # weights NaN) or weights are no longer finite stops the run before the push and any
         # save; the newest checkpoint stays the last good one.
@@ -903,28 +930,13 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
                                                          cfg.lr))
         with clock("push", times):
             engine.push(policy.model)
-
-        visits = [visit(group) for group in groups]
-        gaps = metrics.logprob_gaps(trained)
-        my_counts = metrics.step_counts(groups, visits, gaps, tokenizer=tokenizer, cfg=cfg,
-                                        stop_ids=stop_ids, update=stats)
-        counts = ranks.gather_lists([my_counts], d)
-        # after stats: step_record's all-rank token counts win
-        record = {"step": step + 1, "lr": lr, **stats, **metrics.step_record(counts), **meter,
-                  **times, **fsdp.peak_memory(d.device)}
+        scores = {}
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
-            record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1))
-
-        if d.master_process:
-            files.append_jsonl(metrics_path, [record])
-            metrics.track(part, record)  # W&B, with --wandb_project
-            fresh = [s for g in groups for s in g if not s.replay][:cfg.log_samples]
-            shown = [{"step": step + 1, "prompt": tokenizer.decode(s.prompt_ids),
-                      "reward": s.reward, "response": tokenizer.decode(s.completion_ids)}
-                     for s in fresh]
-            files.append_jsonl(samples_path, shown)
-            metrics.log_step(part, step + 1, steps, record)
-
+            with clock("validation", run.spent):
+                scores = validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1)
+        run.spent.update(times)
+        log_step(cfg, part, step + 1, steps, {"lr": lr, **stats}, meter, times, scores,
+                 list(my_groups.values()), trained, tokenizer, end_id, d)
         if step + 1 in checkpoints.save_plan(cfg, part):
             # pruning keeps the weights the collection reads
             with interrupts.saving():
@@ -1000,21 +1012,20 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
     size = cfg.prompts_per_step
     if cfg.collect_chunk:
         size = d.world_size * max(1, cfg.collect_chunk // cfg.collect_k)
-    with clock("collection"):
-        # RLEP: the seed policy, read by vLLM in its own dtype (no trainer copy)
-        engine.push(path=ckpt)  # RLEP
-        for start in range(0, len(todo), size):
-            interrupts.stop_if_asked()
-            chunk = todo[start:start + size]
-            records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
-                                       d, seed_key=(cfg.seed, "collect"),
-                                       temperature=cfg.collect_temperature,
-                                       top_p=cfg.collect_top_p, keep=verified_answers)
-            # on rank 0 (the others' records are [])
-            successes.update((r["id"], r["successes"]) for r in records)  # RLEP
-            if d.master_process:
-                files.append_jsonl(progress_path, records)
-            bar.update(len(chunk))
+    # RLEP: the seed policy, read by vLLM in its own dtype (no trainer copy)
+    engine.push(path=ckpt)  # RLEP
+    for start in range(0, len(todo), size):
+        interrupts.stop_if_asked()
+        chunk = todo[start:start + size]
+        records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
+                                   d, seed_key=(cfg.seed, "collect"),
+                                   temperature=cfg.collect_temperature,
+                                   top_p=cfg.collect_top_p, keep=verified_answers)
+        # on rank 0 (the others' records are [])
+        successes.update((r["id"], r["successes"]) for r in records)  # RLEP
+        if d.master_process:
+            files.append_jsonl(progress_path, records)
+        bar.update(len(chunk))
     bar.close()
     engine.sleep()
 
@@ -1037,7 +1048,7 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
 
 def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict],
               engine: vllm_engine.Engine, tokenizer, end_id: int, base_path: str, d: ranks.Dist,
-              val_rows: list[dict]):
+              val_rows: list[dict], run: RunState = None):
     # RLEP: the pool given with --pool, else the collection's (read by rank 0, for all)
     collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
     pool = given_pool or ranks.rank0_decides(lambda: data.load_pool(collected), d)  # RLEP
@@ -1047,18 +1058,19 @@ def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict]
         pooled = {row["id"]: row["responses"] for row in pool}
         rows = [{**row, "responses": pooled.get(row["id"], [])} for row in train_rows]
     # RLEP: from π_θ0 (base_path), not phase one's checkpoint, with replays
-    train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True)
+    train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True,
+          run=run)
 
 
 # ---------------------------------------------------------------------------
 # main: phase one, the collection, phase two; the report and the time table
 
-def main(argv=None):
-    """Phase one, the collection, phase two (each part resumes on its own), the report."""
+def start_up(cfg: Config, d: ranks.Dist):
+    """The preflight and the run's start: the model folder, the data and the pool read by rank 0
+    and checked (nothing after it fails on input), the dtype, the tokenizer and end token, then
+    the run folder held, its config.json written and W&B started. Returns (the model's folder,
+    the rows (train, val, the pool given), the dtype's choice, the tokenizer, the end token)."""
     from transformers import AutoTokenizer
-    started = time.perf_counter()
-    cfg = parse_config(argv)
-    d = ranks.setup_distributed(cfg.timeout_minutes)
     # the command alone: every rank refuses alike
     for warning in preflight.check_config(cfg, d.world_size):
         if d.master_process:
@@ -1078,7 +1090,6 @@ def main(argv=None):
         train_rows = training_prompts(train_rows, cfg.train_prompts)
         return train_rows, val_rows, pool and verified_pool(pool, cfg)  # RLEP
     inputs = ranks.rank0_decides(read_inputs, d)
-    train_rows, val_rows, given_pool = inputs
     # the preflight: rank 0 checks all the command reads (the run there, the model, the rows, the
     # pool, the folders, the disk, W&B); every rank gets the run's saved config, this command's
     # changes to it, the disk's line and the data's digests, or the refusal. Nothing after it
@@ -1087,7 +1098,6 @@ def main(argv=None):
         cfg, model_path, d.world_size, inputs, hub.commits, prompt_text, end_token_id), d)
     if cfg.dtype == "auto" and "dtype" in saved:
         cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
-
     # the ranks must agree: every rank takes rank 0's measurement
     dtype = ranks.rank0_decides(lambda: fsdp.resolve_dtype(cfg.dtype, d.device, model_path), d)
     cfg.dtype = dtype.dtype
@@ -1106,8 +1116,18 @@ def main(argv=None):
         if cfg.wandb_project:
             name = f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{cfg.preset}"
             metrics.start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
-    baseline_on_pool = cfg.phase1_prompts == "pool"  # control
+    return model_path, inputs, dtype, tokenizer, end_id
 
+
+def main(argv=None):
+    """Phase one, the collection, phase two (each part resumes on its own), the report."""
+    started = time.perf_counter()
+    stage[0] = "start-up"
+    run = RunState()
+    cfg = parse_config(argv)
+    d = ranks.setup_distributed(cfg.timeout_minutes)
+    model_path, inputs, dtype, tokenizer, end_id = start_up(cfg, d)
+    train_rows, val_rows, given_pool = inputs
     engine = build_engine(cfg, model_path, d)
     # free the GPU for the trainer; the first push wakes it
     engine.sleep()
@@ -1115,13 +1135,16 @@ def main(argv=None):
         print(engine.memory_line(), flush=True)
     try:
         if cfg.phase in ("all", "1"):
-            rows = given_pool if baseline_on_pool else train_rows
-            train(cfg, "phase1", rows, engine, tokenizer, end_id, model_path, d, val_rows)
+            # control: --phase1_prompts pool, the baseline on the pool's prompts
+            rows = given_pool if cfg.phase1_prompts == "pool" else train_rows
+            train(cfg, "phase1", rows, engine, tokenizer, end_id, model_path, d, val_rows,
+                  run=run)
         if cfg.phase in ("all", "collect") and not cfg.pool:
-            collect(cfg, train_rows, engine, tokenizer, end_id, d)
+            with clock("collection", run.spent):
+                collect(cfg, train_rows, engine, tokenizer, end_id, d)
         if cfg.phase in ("all", "2"):
             phase_two(cfg, given_pool, train_rows, engine, tokenizer, end_id, model_path, d,
-                      val_rows)  # RLEP
+                      val_rows, run)  # RLEP
     except BaseException as error:
         # After an error, no wake (it would ask for the memory again and hide the error). A rank's
         # stop under torchrun, no shutdown either: it tears down the process group, which can
@@ -1134,11 +1157,10 @@ def main(argv=None):
     # vLLM's groups, torchrun's too (else at exit, below); awake: vLLM frees the weights and KV
     # cache, and freeing what a sleep unmapped prints CUDA errors
     engine.shutdown(wake=True)
-
-    total = time.perf_counter() - started
-    spent = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
     if not d.master_process:
         return
+    total = time.perf_counter() - started
+    spent = {**run.spent, "start-up, loading, saving": total - sum(run.spent.values())}
     # the comparison (after --phase all), the time table
     compare = cfg.phase == "all" and cfg.val_every
     table = report.final_report(cfg.out_dir, compare, total, spent, dtype.gflops)

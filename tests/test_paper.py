@@ -432,10 +432,9 @@ def pool_rows(rows, count, responses):
 
 
 def run_part(monkeypatch, tmp_path, tiny_model, tokenizer, part, rows, *flags):
-    """rlep.train of one part on the stand-in engine, validation cache emptied. Returns the
+    """rlep.train of one part on the stand-in engine, validated afresh. Returns the
     engine, the events (("step", s), ("update", lr, None)) and the groups' replays by step."""
     cfg = tiny("--out_dir", str(tmp_path / part), "--save_every", "100", *flags)
-    monkeypatch.setattr(rlep, "base_scores", {})
     events, replays = [], []
     real_build = rlep.build_policy
 

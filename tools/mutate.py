@@ -115,9 +115,9 @@ mutations = [
      "rng = np.random.default_rng(seed)  # RLEP",
      'rng = np.random.default_rng(seed_for(cfg.seed, part, row["id"]))  # RLEP'),
     ("phase two from the phase-one checkpoint", "rlep.py",
-     'train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True)',
+     'train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True,',
      'train(cfg, "phase2", rows, engine, tokenizer, end_id, checkpoint_path(os.path.join('
-     'cfg.out_dir, "phase1"), cfg.collect_step), d, val_rows, replay=True)'),
+     'cfg.out_dir, "phase1"), cfg.collect_step), d, val_rows, replay=True,'),
     # the collection
     ("collection from phase one's last checkpoint", "rlep.py", "engine.push(path=ckpt)",
      'engine.push(path=checkpoint_path(os.path.join(cfg.out_dir, "phase1"), '
@@ -133,10 +133,9 @@ mutations = [
      'right = list(record["responses"])'),
     # validation
     ("phase two validates on other draws", "rlep.py",
-     "step=step + 1))", "step=step + 1 + 1000 * replay))"),
+     "stop_ids, d, step=step + 1)", "stop_ids, d, step=step + 1 + 1000 * replay)"),
     ("phase two's step 0 on other draws", "rlep.py",
-     "validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=0)",
-     "validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=int(replay))"),
+     "stop_ids, d, step=0)", "stop_ids, d, step=int(replay))"),
     # the optimiser
     ("warm-up removed", "rlep.py", "return cfg.lr * min(1.0, step / cfg.warmup_steps)",
      "return cfg.lr"),
