@@ -69,7 +69,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -267,13 +267,14 @@ def seed_for(*keys) -> int:
 stage = ["start-up"]
 
 
-@dataclass
 class RunState:
     """What one main keeps across its parts, made by main (a second main in the process starts
-    afresh): seconds per activity, for the time table at the run's end; the base model's
-    validation at step 0, which phase one and phase two share."""
-    spent: collections.Counter = field(default_factory=collections.Counter)
-    base_scores: dict = field(default_factory=dict)
+    afresh)."""
+
+    def __init__(self):
+        self.spent = collections.Counter()  # seconds per activity: the time table at the end
+        # base model -> its validation at step 0: phase one and phase two share it
+        self.base_scores = {}
 
 
 @contextlib.contextmanager
@@ -445,9 +446,8 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[vllm_engine.
         penalty = overlong_penalty(len(ids), cfg.max_response_len, cfg.overlong_buffer,
                                    cfg.overlong_factor)
         reward = (1.0 if correct else -1.0) + penalty
-        sample = Sample(prompt_ids, ids, correct, reward, replay,
-                        vllm_logprobs=logprobs, row_id=row["id"])
-        group.append(sample)
+        group.append(Sample(prompt_ids, ids, correct, reward, replay, vllm_logprobs=logprobs,
+                            row_id=row["id"]))
     # RLEP: Â standardised over the whole group, G = n + m
     scored = group  # RLEP
     if cfg.replay_loss == "nll":
@@ -720,7 +720,7 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
     # not finite if any update's is
     summary["grad_norm"] = float(np.mean(stats["grad_norm"]))
     for key in ("trained_tokens", "trained_response_tokens"):
-        summary[key] = int(np.sum(stats[key]))
+        summary[key] = sum(stats[key])
     return summary, list(rows.values())
 
 
@@ -830,33 +830,6 @@ def visit(group: list[Sample]) -> dict:
             "replays": len(replays), "rescued": rescued}
 
 
-def log_step(cfg: Config, part: str, step: int, steps: int, update: dict, meter: dict,
-             times: dict, scores: dict, groups: list[list[Sample]], trained: list[Sample],
-             tokenizer, end_id: int, d: ranks.Dist):
-    """The step's record from every rank's counts (one gather); on rank 0 its row of
-    metrics.jsonl and W&B, the step's line and `log_samples` fresh completions in
-    samples.jsonl."""
-    visits = [visit(group) for group in groups]
-    my_counts = metrics.step_counts(groups, visits, metrics.logprob_gaps(trained),
-                                    tokenizer=tokenizer, cfg=cfg, stop_ids=[end_id],
-                                    update=update)
-    counts = ranks.gather_lists([my_counts], d)
-    # after the update's: step_record's all-rank token counts win
-    record = {"step": step, **update, **metrics.step_record(counts), **meter,
-              **{f"t_{activity}": seconds for activity, seconds in times.items()},
-              **fsdp.peak_memory(d.device), **scores}
-    if not d.master_process:
-        return
-    part_dir = os.path.join(cfg.out_dir, part)
-    files.append_jsonl(os.path.join(part_dir, "metrics.jsonl"), [record])
-    metrics.track(part, record)  # W&B, with --wandb_project
-    fresh = [s for g in groups for s in g if not s.replay][:cfg.log_samples]
-    shown = [{"step": step, "prompt": tokenizer.decode(s.prompt_ids), "reward": s.reward,
-              "response": tokenizer.decode(s.completion_ids)} for s in fresh]
-    files.append_jsonl(os.path.join(part_dir, "samples.jsonl"), shown)
-    metrics.log_step(part, step, steps, record)
-
-
 def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, tokenizer,
           end_id: int, base_path: str, d: ranks.Dist, val_rows: list[dict], replay: bool = False,
           run: RunState = None):
@@ -935,8 +908,13 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
             with clock("validation", run.spent):
                 scores = validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1)
         run.spent.update(times)
-        log_step(cfg, part, step + 1, steps, {"lr": lr, **stats}, meter, times, scores,
-                 list(my_groups.values()), trained, tokenizer, end_id, d)
+        # metrics.jsonl, W&B, samples.jsonl and the step's line
+        groups = list(my_groups.values())
+        step_times = {f"t_{activity}": seconds for activity, seconds in times.items()}
+        metrics.record_step(cfg, part, step + 1, steps, {"lr": lr, **stats},
+                            {**meter, **step_times, **fsdp.peak_memory(d.device), **scores},
+                            groups, [visit(group) for group in groups], trained, tokenizer,
+                            stop_ids, d)
         if step + 1 in checkpoints.save_plan(cfg, part):
             # pruning keeps the weights the collection reads
             with interrupts.saving():
@@ -1074,7 +1052,7 @@ def start_up(cfg: Config, d: ranks.Dist):
     # the command alone: every rank refuses alike
     for warning in preflight.check_config(cfg, d.world_size):
         if d.master_process:
-            print(f"rlep.py: warning: {warning}", file=sys.stderr, flush=True)
+            preflight.warn(warning)
     try:
         # a folder as given, a built-in model made or a hub model fetched: by rank 0 first, once;
         # then every rank finds it
@@ -1126,8 +1104,7 @@ def main(argv=None):
     run = RunState()
     cfg = parse_config(argv)
     d = ranks.setup_distributed(cfg.timeout_minutes)
-    model_path, inputs, dtype, tokenizer, end_id = start_up(cfg, d)
-    train_rows, val_rows, given_pool = inputs
+    model_path, (train_rows, val_rows, given_pool), dtype, tokenizer, end_id = start_up(cfg, d)
     engine = build_engine(cfg, model_path, d)
     # free the GPU for the trainer; the first push wakes it
     engine.sleep()

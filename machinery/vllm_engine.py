@@ -137,17 +137,12 @@ class Engine:
         # Runs in the worker. vLLM-CPU's repacked linear weights are not Parameters, and a parameter
         # may be padded past what was pushed.
         def engine_sums(engine_model):
-            sums = {}
-            for name, p in engine_model.named_parameters():
-                size = pushed[name][0] if name in pushed else None
-                if p.numel():
-                    sums[name] = float64_sum(p.flatten()[:size])
-            return sums
-        wrong = []
-        for name, total in self.llm.apply_model(engine_sums)[0].items():
-            expected = pushed[name][1] if name in pushed else math.nan
-            if not math.isclose(total, expected, rel_tol=1e-9, abs_tol=1e-12):
-                wrong.append(name)
+            return {name: float64_sum(p.flatten()[:pushed.get(name, [None])[0]])
+                    for name, p in engine_model.named_parameters() if p.numel()}
+        # a parameter pushed nothing into: NaN, never close
+        wrong = [name for name, total in self.llm.apply_model(engine_sums)[0].items()
+                 if not math.isclose(total, pushed.get(name, [0, math.nan])[1],
+                                     rel_tol=1e-9, abs_tol=1e-12)]
         if wrong:
             raise RuntimeError(f"vLLM's weights differ from the trainer's after a push, in "
                                f"{', '.join(wrong[:4])}: a parameter the push missed (after "
