@@ -871,7 +871,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
                                                       stop_ids, d, step=0)
         first = {"step": 0, **run.base_scores[base_path]}
         if d.master_process:
-            files.write_atomic(metrics_path, json.dumps(first) + "\n")
+            files.append_jsonl(metrics_path, [first])  # after an empty file, above
             metrics.track(part, first)
 
     # An update takes mini_batch_prompts x n sequences, as the paper's run.
@@ -888,10 +888,12 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         for group in optimizer.param_groups:
             group["lr"] = lr
         times = {}  # seconds per part of this step
+        # generate and grade: this rank's groups
         my_groups, meter = make_groups(cfg, part, step, prompt_round, rows, engine,
                                        tokenizer, end_id, d, replay, times)
         # control: the next step's prompts follow this one's rounds
         prompt_round += meter["gen_rounds"]
+        # update
         with clock("training", times):
             stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update, cfg,
                                         d, pad_id, seed_for(cfg.seed, part, step, "update"))
@@ -901,6 +903,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         if not (math.isfinite(stats["grad_norm"]) and fsdp.weights_finite(policy)):
             raise RunStopped(checkpoints.divergence_line(part_dir, step + 1, stats["grad_norm"],
                                                          cfg.lr))
+        # push, validate
         with clock("push", times):
             engine.push(policy.model)
         scores = {}
@@ -915,8 +918,8 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
                             {**meter, **step_times, **fsdp.peak_memory(d.device), **scores},
                             groups, [visit(group) for group in groups], trained, tokenizer,
                             stop_ids, d)
+        # save; pruning keeps the weights the collection reads
         if step + 1 in checkpoints.save_plan(cfg, part):
-            # pruning keeps the weights the collection reads
             with interrupts.saving():
                 checkpoints.save(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
                                  checkpoints.protected_steps(cfg, part), prompt_round)
