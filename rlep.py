@@ -660,8 +660,12 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
     split = planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
     # rows, not groups, dealt to the ranks by tokens (one exchange a step): this rank's
     # micro-batches of each mini-batch, as many as every other rank's (FSDP2's lockstep)
+    # an idle pass's sample (FSDP2's lockstep: a rank short of rows runs one): one token with
+    # Â = 0, an exactly zero gradient; its π_θold does not matter: 0, so later epochs collate it
+    idle = Sample([pad_id], [pad_id], correct=False, reward=0.0,
+                  old_logprobs=torch.zeros(1, device=d.device))
     dealt, rows = planner.deal(my_groups, sizes, plan_mini_batches(len(sizes), num_updates, 0, 0),
-                               split, d, pad_id)
+                               split, d, idle)
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
         # a mini-batch: a run of the step's shuffled prompts, whole groups, replays included; later
@@ -699,7 +703,7 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
                 # averages gradients over the W ranks, so W times the loss sums the shares.
                 (loss * d.world_size).backward()
                 # an idle pass (FSDP2's lockstep) has no samples to count
-                if not isinstance(micro["samples"][0], planner.IdleSample):
+                if micro["samples"][0] is not idle:
                     for key, value in metrics.items():
                         stats[key].append(value)
                     # tokens through decoder and LM head: the step's FLOPs

@@ -4,10 +4,7 @@ memory and dealt to the ranks so that every rank runs as many passes (FSDP2's lo
 with fewer rows running idle ones of exactly zero gradient; one exchange a step sends each rank
 the rows planned for it that another rank generated. Memory and balance, not math: a row carries
 its advantage, and the loss's N is the mini-batch's."""
-from dataclasses import dataclass
 from typing import NamedTuple
-
-import torch
 
 from machinery.ranks import Dist, exchange, gather_lists
 
@@ -95,17 +92,6 @@ def plan_micro_batches(positions, sizes: dict, world_size: int,
     return [micro_batches[rank::world_size] for rank in range(world_size)]
 
 
-@dataclass
-class IdleSample:
-    """What collate reads of a sample (a training sample has more), for an idle pass; the update
-    writes its π_θold as it does a sample's."""
-    prompt_ids: list
-    completion_ids: list
-    advantage: float = 0.0
-    replay: bool = False
-    old_logprobs: torch.Tensor = None
-
-
 def group_sizes(my_groups: dict, d: Dist) -> dict:
     """Every rank's groups as {position: GroupSize} (one small gather) from this rank's, {position
     in the step: group}: each group's response tokens, the end token and the replays' included,
@@ -117,14 +103,14 @@ def group_sizes(my_groups: dict, d: Dist) -> dict:
 
 
 def deal(my_groups: dict, sizes: dict, runs: list, split: Split, d: Dist,
-         pad_id: int) -> tuple[dict, dict]:
+         idle) -> tuple[dict, dict]:
     """The step's rows dealt to the ranks: this rank's micro-batches of each mini-batch (a run of
     positions: runs are the same in every epoch, in another order), {tuple(run): lists of
     samples}, as many as every other rank's; and the rows it trains, {(position, sample):
     sample}: those of its groups planned here, and those the other ranks send (one exchange a
     step; π_θold stays with its row). Lockstep: a rank with fewer rows than the passes (or none)
-    runs an idle micro-batch for each missing one, [an IdleSample]: one token with Â = 0, an
-    exactly zero gradient."""
+    runs an idle micro-batch for each missing one, [idle] (the update's sample of one token with
+    Â = 0: an exactly zero gradient)."""
     plans = {tuple(run): plan_micro_batches(run, sizes, d.world_size, split) for run in runs}
     outgoing = [[] for _ in range(d.world_size)]
     for plan in plans.values():
@@ -132,8 +118,6 @@ def deal(my_groups: dict, sizes: dict, runs: list, split: Split, d: Dist,
             outgoing[rank] += [((p, i), my_groups[p][i]) for micro in micro_batches
                                for p, i in micro if p in my_groups]
     rows = dict(exchange(outgoing, d))
-    # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
-    idle = IdleSample([pad_id], [pad_id], old_logprobs=torch.zeros(1, device=d.device))
     dealt = {}
     for run, plan in plans.items():
         mine = [[rows[pair] for pair in pairs] for pairs in plan[d.rank]]

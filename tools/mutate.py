@@ -284,7 +284,7 @@ mutations = [
      "dealt[run] = mine + [mine[-1] if mine else [idle]] * (max(map(len, plan)) - len(mine))",
      [uneven_lockstep]),
     ("idle passes counted in the metrics", "rlep.py",
-     'if not isinstance(micro["samples"][0], planner.IdleSample):', "if True:",
+     'if micro["samples"][0] is not idle:', "if True:",
      [uneven_lockstep]),
     ("shared groups planned at position % W", "machinery/planner.py",
      "d.rank) for position, group in my_groups.items()]",
