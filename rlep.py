@@ -75,7 +75,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 import verify
@@ -655,8 +654,8 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
                               enabled=cfg.dtype != "float32", cache_enabled=False)
     # every rank's groups' sizes (one small gather): N's tokens, the rows' lengths
     sizes = planner.group_sizes(my_groups, d)
-    total_samples = sum(len(g.row_lengths) for g in sizes.values())
-    num_updates = max(1, round(total_samples / sequences_per_update))
+    num_updates = max(1, round(sum(len(g.row_lengths) for g in sizes.values())
+                               / sequences_per_update))
     split = planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
     # rows, not groups, dealt to the ranks by tokens (one exchange a step): this rank's
     # micro-batches of each mini-batch, as many as every other rank's (FSDP2's lockstep)
@@ -709,14 +708,13 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
                     # tokens through decoder and LM head: the step's FLOPs
                     stats["trained_tokens"].append(micro["row_tokens"])
                     stats["trained_response_tokens"].append(len(micro["targets"]))
+            # the norm before the clip, of all ranks' gradients
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-            if isinstance(grad_norm, DTensor):
-                grad_norm = grad_norm.full_tensor()
             # not skipped where the norm is not finite (verl skips): train stops the run at the
             # step's end on the mean norm and the weights, before a push or save
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            stats["grad_norm"].append(grad_norm.item())
+            stats["grad_norm"].append(fsdp.full(grad_norm).item())
     # to the host once a step: the means of this rank's micro-batches
     summary = {key: float(torch.stack(stats.pop(key)).double().mean())
                for key in ("clip_frac", "dual_clip_frac", "ratio_mean")}
@@ -1052,19 +1050,20 @@ def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict]
 
 def start_up(cfg: Config, d: ranks.Dist):
     """The preflight and the run's start: the model folder, the data and the pool read by rank 0
-    and checked (nothing after it fails on input), the dtype, the tokenizer and end token, then
-    the run folder held, its config.json written and W&B started. Returns (the model's folder,
-    the rows (train, val, the pool given), the dtype's choice, the tokenizer, the end token)."""
-    from transformers import AutoTokenizer
+    and checked (nothing after it fails on input: the end token's too), the dtype, then the run
+    folder held, its config.json written and W&B started. Returns (the model's folder, the rows
+    (train, val, the pool given), the dtype's choice)."""
     # the command alone: every rank refuses alike
     for warning in preflight.check_config(cfg, d.world_size):
         if d.master_process:
             preflight.warn(warning)
+    def model_folder():
+        return hub.model_folder(cfg.model_path, cfg.cache_dir)
     try:
         # a folder as given, a built-in model made or a hub model fetched: by rank 0 first, once;
         # then every rank finds it
-        ranks.rank0_decides(lambda: hub.model_folder(cfg.model_path, cfg.cache_dir), d)
-        model_path = hub.model_folder(cfg.model_path, cfg.cache_dir)
+        ranks.rank0_decides(model_folder, d)
+        model_path = model_folder()
     except ValueError as e:  # an unknown built-in model, a hub name that cannot be fetched
         raise UserError(f"--model_path {e}") from None
     # the data, read once by rank 0 (the paper's parquet holds 1.8 M rows for ~17.9k prompts) and
@@ -1072,8 +1071,8 @@ def start_up(cfg: Config, d: ranks.Dist):
     def read_inputs():
         train_rows, val_rows, pool = data.read_inputs(cfg)
         # the method's prompts: all of D, or the fixed --train_prompts of them
-        train_rows = training_prompts(train_rows, cfg.train_prompts)
-        return train_rows, val_rows, pool and verified_pool(pool, cfg)  # RLEP
+        return (training_prompts(train_rows, cfg.train_prompts), val_rows,
+                pool and verified_pool(pool, cfg))  # RLEP
     inputs = ranks.rank0_decides(read_inputs, d)
     # the preflight: rank 0 checks all the command reads (the run there, the model, the rows, the
     # pool, the folders, the disk, W&B); every rank gets the run's saved config, this command's
@@ -1086,8 +1085,6 @@ def start_up(cfg: Config, d: ranks.Dist):
     # the ranks must agree: every rank takes rank 0's measurement
     dtype = ranks.rank0_decides(lambda: fsdp.resolve_dtype(cfg.dtype, d.device, model_path), d)
     cfg.dtype = dtype.dtype
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    end_id = end_token_id(tokenizer, cfg.stop_token)
     # one process writes the run: rank 0 holds its folder from the first write on
     ranks.rank0_decides(lambda: files.hold_run_folder(cfg.out_dir), d)
     if d.master_process:
@@ -1101,17 +1098,20 @@ def start_up(cfg: Config, d: ranks.Dist):
         if cfg.wandb_project:
             name = f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{cfg.preset}"
             metrics.start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
-    return model_path, inputs, dtype, tokenizer, end_id
+    return model_path, inputs, dtype
 
 
 def main(argv=None):
     """Phase one, the collection, phase two (each part resumes on its own), the report."""
+    from transformers import AutoTokenizer
     started = time.perf_counter()
     stage[0] = "start-up"
     run = RunState()
     cfg = parse_config(argv)
     d = ranks.setup_distributed(cfg.timeout_minutes)
-    model_path, (train_rows, val_rows, given_pool), dtype, tokenizer, end_id = start_up(cfg, d)
+    model_path, (train_rows, val_rows, given_pool), dtype = start_up(cfg, d)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    end_id = end_token_id(tokenizer, cfg.stop_token)
     engine = build_engine(cfg, model_path, d)
     # free the GPU for the trainer; the first push wakes it
     engine.sleep()
@@ -1146,8 +1146,8 @@ def main(argv=None):
     total = time.perf_counter() - started
     spent = {**run.spent, "start-up, loading, saving": total - sum(run.spent.values())}
     # the comparison (after --phase all), the time table
-    compare = cfg.phase == "all" and cfg.val_every
-    table = report.final_report(cfg.out_dir, compare, total, spent, dtype.gflops)
+    table = report.final_report(cfg.out_dir, cfg.phase == "all" and cfg.val_every, total, spent,
+                                dtype.gflops)
     # the table too; a run that stopped early is closed by wandb at exit
     metrics.finish_wandb(table)
 

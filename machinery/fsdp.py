@@ -70,8 +70,12 @@ def weights_finite(model: torch.nn.Module) -> bool:
     """Whether every weight is finite, on every rank alike: their global norm, torch's own (as the
     gradient clip's; FSDP2's shards: one reduction), is finite. A norm past float32's range (a
     weight near 1e19) counts as diverged too."""
-    norm = torch.nn.utils.get_total_norm(model.parameters())
-    return bool((norm.full_tensor() if isinstance(norm, DTensor) else norm).isfinite())
+    return bool(full(torch.nn.utils.get_total_norm(model.parameters())).isfinite())
+
+
+def full(tensor):
+    """A DTensor's full value (a norm over FSDP2's shards: their reduction), else the tensor."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def peak_memory(device: torch.device) -> dict:

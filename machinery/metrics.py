@@ -106,8 +106,8 @@ def record_step(cfg, part: str, step: int, steps: int, update: dict, more: dict,
     rank's counts (one gather; its all-rank token counts win), more}; on rank 0 its row of
     metrics.jsonl and W&B, the step's line and cfg.log_samples fresh completions in
     samples.jsonl."""
-    my_counts = step_counts(groups, visits, logprob_gaps(trained), tokenizer=tokenizer, cfg=cfg,
-                            stop_ids=stop_ids, update=update)
+    my_counts = step_counts(groups, visits, logprob_gaps(trained), tokenizer, cfg, stop_ids,
+                            update)
     record = {"step": step, **update, **step_record(gather_lists([my_counts], d)), **more}
     if not d.master_process:
         return

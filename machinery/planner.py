@@ -96,10 +96,10 @@ def group_sizes(my_groups: dict, d: Dist) -> dict:
     """Every rank's groups as {position: GroupSize} (one small gather) from this rank's, {position
     in the step: group}: each group's response tokens, the end token and the replays' included,
     whose sum over a mini-batch is its N; its rows' lengths, by which the rows are dealt."""
-    my_sizes = [GroupSize(position, sum(len(s.completion_ids) for s in group),
-                          tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group),
-                          d.rank) for position, group in my_groups.items()]
-    return {g.position: g for g in gather_lists(my_sizes, d)}
+    mine = [GroupSize(position, sum(len(s.completion_ids) for s in group),
+                      tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group),
+                      d.rank) for position, group in my_groups.items()]
+    return {g.position: g for g in gather_lists(mine, d)}
 
 
 def deal(my_groups: dict, sizes: dict, runs: list, split: Split, d: Dist,

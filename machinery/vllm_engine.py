@@ -136,13 +136,16 @@ class Engine:
         come here: rlep.train stops a diverged run before its push.)"""
         # Runs in the worker. vLLM-CPU's repacked linear weights are not Parameters, and a parameter
         # may be padded past what was pushed.
-        def engine_sums(engine_model):
-            return {name: float64_sum(p.flatten()[:pushed.get(name, [None])[0]])
-                    for name, p in engine_model.named_parameters() if p.numel()}
-        # a parameter pushed nothing into: NaN, never close
-        wrong = [name for name, total in self.llm.apply_model(engine_sums)[0].items()
-                 if not math.isclose(total, pushed.get(name, [0, math.nan])[1],
-                                     rel_tol=1e-9, abs_tol=1e-12)]
+        def wrong_sums(engine_model):
+            wrong = []
+            for name, p in engine_model.named_parameters():
+                # a parameter nothing was pushed into: NaN, never close
+                size, total = pushed.get(name, (None, math.nan))
+                if p.numel() and not math.isclose(float64_sum(p.flatten()[:size]), total,
+                                                  rel_tol=1e-9, abs_tol=1e-12):
+                    wrong.append(name)
+            return wrong
+        wrong = self.llm.apply_model(wrong_sums)[0]
         if wrong:
             raise RuntimeError(f"vLLM's weights differ from the trainer's after a push, in "
                                f"{', '.join(wrong[:4])}: a parameter the push missed (after "
