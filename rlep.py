@@ -75,7 +75,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 import verify
@@ -262,24 +261,27 @@ def seed_for(*keys) -> int:
     digest = hashlib.sha256(repr(keys).encode()).digest()
     return int.from_bytes(digest[:4], "little") >> 1
 
-# seconds per activity: the time table at the run's end
-time_spent = collections.Counter()
-# base model -> its validation at step 0: one run's phases share it
-base_scores = {}
-# where the run is, for the line a stop prints
+# where the run is, for the line a stop prints: __main__ prints it after main has raised, so it
+# outlives main (each main starts it afresh)
 stage = ["start-up"]
 
 
+class RunState:
+    """What one main keeps across its parts, made by main (a second main in the process starts
+    afresh)."""
+
+    def __init__(self):
+        self.spent = collections.Counter()  # seconds per activity: the time table at the end
+        # base model -> its validation at step 0: phase one and phase two share it
+        self.base_scores = {}
+
+
 @contextlib.contextmanager
-def clock(activity: str, step_times: dict = None):
+def clock(activity: str, times: dict):
+    """Adds the block's seconds to times[activity] (a step's generation rounds add up)."""
     start = time.perf_counter()
     yield
-    seconds = time.perf_counter() - start
-    time_spent[activity] += seconds
-    if step_times is not None:
-        # a step's generation rounds add up
-        key = f"t_{activity}"
-        step_times[key] = step_times.get(key, 0.0) + seconds
+    times[activity] = times.get(activity, 0.0) + time.perf_counter() - start
 
 
 # ---------------------------------------------------------------------------
@@ -443,9 +445,8 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[vllm_engine.
         penalty = overlong_penalty(len(ids), cfg.max_response_len, cfg.overlong_buffer,
                                    cfg.overlong_factor)
         reward = (1.0 if correct else -1.0) + penalty
-        sample = Sample(prompt_ids, ids, correct, reward, replay,
-                        vllm_logprobs=logprobs, row_id=row["id"])
-        group.append(sample)
+        group.append(Sample(prompt_ids, ids, correct, reward, replay, vllm_logprobs=logprobs,
+                            row_id=row["id"]))
     # RLEP: Â standardised over the whole group, G = n + m
     scored = group  # RLEP
     if cfg.replay_loss == "nll":
@@ -651,19 +652,19 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
     # a cache of bf16 weight copies would cost 13 GiB for 7B
     autocast = torch.autocast(d.device.type, dtype=getattr(torch, cfg.dtype),
                               enabled=cfg.dtype != "float32", cache_enabled=False)
-    # every rank's groups, {position: GroupSize} (one small gather): each group's response tokens,
-    # the end token and the replays' included, whose sum over a mini-batch is its N; its rows'
-    # lengths, by which the planner deals the rows
-    my_sizes = [planner.GroupSize(position, sum(len(s.completion_ids) for s in group),
-                                  tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group),
-                                  d.rank) for position, group in my_groups.items()]
-    sizes = {g.position: g for g in ranks.gather_lists(my_sizes, d)}
-    total_samples = sum(len(g.row_lengths) for g in sizes.values())
-    num_updates = max(1, round(total_samples / sequences_per_update))
+    # every rank's groups' sizes (one small gather): N's tokens, the rows' lengths
+    sizes = planner.group_sizes(my_groups, d)
+    num_updates = max(1, round(sum(len(g.row_lengths) for g in sizes.values())
+                               / sequences_per_update))
     split = planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
-    # rows, not groups, are dealt to the ranks (by tokens): this rank's, one exchange a step
-    rows = planner.step_rows(my_groups, sizes, plan_mini_batches(len(sizes), num_updates, 0, 0),
-                             split, d)
+    # rows, not groups, dealt to the ranks by tokens (one exchange a step): this rank's
+    # micro-batches of each mini-batch, as many as every other rank's (FSDP2's lockstep)
+    # an idle pass's sample (FSDP2's lockstep: a rank short of rows runs one): one token with
+    # Â = 0, an exactly zero gradient; its π_θold does not matter: 0, so later epochs collate it
+    idle = Sample([pad_id], [pad_id], correct=False, reward=0.0,
+                  old_logprobs=torch.zeros(1, device=d.device))
+    dealt, rows = planner.deal(my_groups, sizes, plan_mini_batches(len(sizes), num_updates, 0, 0),
+                               split, d, idle)
     stats = collections.defaultdict(list)
     for epoch in range(cfg.epochs):
         # a mini-batch: a run of the step's shuffled prompts, whole groups, replays included; later
@@ -671,10 +672,8 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
         runs = plan_mini_batches(len(sizes), num_updates, epoch, seed_for(seed, epoch))
         # N: each mini-batch's response tokens on all ranks
         num_tokens = [sum(sizes[p].response_tokens for p in run) for run in runs]
-        # this rank's micro-batches of each, as many as every other rank's (FSDP2's lockstep)
-        mini_batches = [[collate(samples, pad_id, d.device, cfg.share_prompts) for samples
-                         in planner.micro_batches(run, rows, sizes, split, d, pad_id)]
-                        for run in runs]
+        mini_batches = [[collate(samples, pad_id, d.device, cfg.share_prompts)
+                         for samples in dealt[tuple(run)]] for run in runs]
         if epoch == 0:
             # π_θold of every sequence, replays included, in one no-grad pass before any update, for
             # every mini-batch but the first (below)
@@ -703,30 +702,27 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
                 # averages gradients over the W ranks, so W times the loss sums the shares.
                 (loss * d.world_size).backward()
                 # an idle pass (FSDP2's lockstep) has no samples to count
-                if not isinstance(micro["samples"][0], planner.IdleSample):
+                if micro["samples"][0] is not idle:
                     for key, value in metrics.items():
                         stats[key].append(value)
                     # tokens through decoder and LM head: the step's FLOPs
                     stats["trained_tokens"].append(micro["row_tokens"])
                     stats["trained_response_tokens"].append(len(micro["targets"]))
+            # the norm before the clip, of all ranks' gradients
             grad_norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.grad_clip)
-            if isinstance(grad_norm, DTensor):
-                grad_norm = grad_norm.full_tensor()
-            grad_norm = grad_norm.item()
-            # a NaN/inf gradient would poison AdamW's moments: skip, as verl
-            if math.isfinite(grad_norm):
-                optimizer.step()
+            # not skipped where the norm is not finite (verl skips): train stops the run at the
+            # step's end on the mean norm and the weights, before a push or save
+            optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            stats["grad_norm"].append(grad_norm)
-            stats["skipped_updates"].append(not math.isfinite(grad_norm))
+            stats["grad_norm"].append(fsdp.full(grad_norm).item())
     # to the host once a step: the means of this rank's micro-batches
     summary = {key: float(torch.stack(stats.pop(key)).double().mean())
                for key in ("clip_frac", "dual_clip_frac", "ratio_mean")}
     summary["ratio_max"] = float(torch.stack(stats.pop("ratio_max")).max())
+    # not finite if any update's is
     summary["grad_norm"] = float(np.mean(stats["grad_norm"]))
-    summary["skipped_updates"] = float(np.sum(stats["skipped_updates"]))
     for key in ("trained_tokens", "trained_response_tokens"):
-        summary[key] = int(np.sum(stats[key]))
+        summary[key] = sum(stats[key])
     return summary, list(rows.values())
 
 
@@ -744,9 +740,8 @@ def learning_rate(step: int, cfg: Config) -> float:
 def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
     """avg@val_k, overall and per data source, without replays, seeded by the step (both phases
     draw the same), on rank 0, which logs it; {} elsewhere."""
-    with clock("validation"):
-        records = sample_and_grade(engine, tokenizer, val_rows, cfg.val_k, cfg, stop_ids, d,
-                                   seed_key=(cfg.seed, "val", step), progress=cfg.progress)
+    records = sample_and_grade(engine, tokenizer, val_rows, cfg.val_k, cfg, stop_ids, d,
+                               seed_key=(cfg.seed, "val", step), progress=cfg.progress)
     if not d.master_process:
         return {}
     scores = {"val_acc": float(np.mean([c for r in records for c in r["correct"]]))}
@@ -838,9 +833,11 @@ def visit(group: list[Sample]) -> dict:
 
 
 def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, tokenizer,
-          end_id: int, base_path: str, d: ranks.Dist, val_rows: list[dict], replay: bool = False):
+          end_id: int, base_path: str, d: ranks.Dist, val_rows: list[dict], replay: bool = False,
+          run: RunState = None):
     """Train from the base model (or the part's last checkpoint); with replay, rows carry pooled
-    responses."""
+    responses. A step: generate and grade, update, push, validate, log, save."""
+    run = run or RunState()
     part_dir = os.path.join(cfg.out_dir, part)
     steps = cfg.phase2_steps if replay else cfg.phase1_steps
     # the checkpoint's step, and the round of prompts it starts at
@@ -855,10 +852,9 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
                          "--collect_k, or continue with a smaller --prompts_per_step (--override)")
     os.makedirs(part_dir, exist_ok=True)
     metrics_path = os.path.join(part_dir, "metrics.jsonl")
-    samples_path = os.path.join(part_dir, "samples.jsonl")
     if d.master_process:
         # forget the steps logged after the checkpoint we resume from
-        for path in (metrics_path, samples_path):
+        for path in (metrics_path, os.path.join(part_dir, "samples.jsonl")):
             kept = [json.dumps(r) + "\n" for r in files.read_jsonl(path) if r["step"] <= start]
             files.write_atomic(path, "".join(kept))
 
@@ -867,17 +863,18 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         checkpoints.load_trainer_state(ckpt, policy, optimizer)
     stop_ids = [end_id]
     pad_id = end_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
-    with clock("push"):
+    with clock("push", run.spent):
         engine.push(policy.model)
-
     # the curve starts at the base model, validated once for both phases
     if start == 0 and cfg.val_every:
-        if base_path not in base_scores:
-            base_scores[base_path] = validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=0)
+        if base_path not in run.base_scores:
+            with clock("validation", run.spent):
+                run.base_scores[base_path] = validate(engine, tokenizer, val_rows, cfg,
+                                                      stop_ids, d, step=0)
+        first = {"step": 0, **run.base_scores[base_path]}
         if d.master_process:
-            row = json.dumps({"step": 0, **base_scores[base_path]}) + "\n"
-            files.write_atomic(metrics_path, row)
-            metrics.track(part, {"step": 0, **base_scores[base_path]})
+            files.append_jsonl(metrics_path, [first])  # after an empty file, above
+            metrics.track(part, first)
 
     # An update takes mini_batch_prompts x n sequences, as the paper's run.
     # RLEP: groups are n + m long, so a step of 512 x 18 makes round(512 x 18 / (64 x 16)) = 9
@@ -893,47 +890,38 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         for group in optimizer.param_groups:
             group["lr"] = lr
         times = {}  # seconds per part of this step
+        # generate and grade: this rank's groups
         my_groups, meter = make_groups(cfg, part, step, prompt_round, rows, engine,
                                        tokenizer, end_id, d, replay, times)
         # control: the next step's prompts follow this one's rounds
         prompt_round += meter["gen_rounds"]
-        groups = list(my_groups.values())
-
+        # update
         with clock("training", times):
-            update_seed = seed_for(cfg.seed, part, step, "update")
-            stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update,
-                                        cfg, d, pad_id, update_seed)
-        # a diverged update (its gradient or the weights no longer finite) stops the run before
-        # the push and any save: the newest checkpoint stays the last good one
-        if stats["skipped_updates"] or not fsdp.weights_finite(policy):
+            stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update, cfg,
+                                        d, pad_id, seed_for(cfg.seed, part, step, "update"))
+        # The one check of divergence: an update whose gradient norm (a NaN gradient made the
+        # weights NaN) or weights are no longer finite stops the run before the push and any
+        # save; the newest checkpoint stays the last good one.
+        if not (math.isfinite(stats["grad_norm"]) and fsdp.weights_finite(policy)):
             raise RunStopped(checkpoints.divergence_line(part_dir, step + 1, stats["grad_norm"],
                                                          cfg.lr))
+        # push, validate
         with clock("push", times):
             engine.push(policy.model)
-
-        visits = [visit(group) for group in groups]
-        gaps = metrics.logprob_gaps(trained)
-        my_counts = metrics.step_counts(groups, visits, gaps, tokenizer=tokenizer, cfg=cfg,
-                                        stop_ids=stop_ids, update=stats)
-        counts = ranks.gather_lists([my_counts], d)
-        # after stats: step_record's all-rank token counts win
-        record = {"step": step + 1, "lr": lr, **stats, **metrics.step_record(counts), **meter,
-                  **times, **fsdp.peak_memory(d.device)}
+        scores = {}
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
-            record.update(validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1))
-
-        if d.master_process:
-            files.append_jsonl(metrics_path, [record])
-            metrics.track(part, record)  # W&B, with --wandb_project
-            fresh = [s for g in groups for s in g if not s.replay][:cfg.log_samples]
-            shown = [{"step": step + 1, "prompt": tokenizer.decode(s.prompt_ids),
-                      "reward": s.reward, "response": tokenizer.decode(s.completion_ids)}
-                     for s in fresh]
-            files.append_jsonl(samples_path, shown)
-            metrics.log_step(part, step + 1, steps, record)
-
+            with clock("validation", run.spent):
+                scores = validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1)
+        run.spent.update(times)
+        # metrics.jsonl, W&B, samples.jsonl and the step's line
+        groups = list(my_groups.values())
+        step_times = {f"t_{activity}": seconds for activity, seconds in times.items()}
+        metrics.record_step(cfg, part, step + 1, steps, {"lr": lr, **stats},
+                            {**meter, **step_times, **fsdp.peak_memory(d.device), **scores},
+                            groups, [visit(group) for group in groups], trained, tokenizer,
+                            stop_ids, d)
+        # save; pruning keeps the weights the collection reads
         if step + 1 in checkpoints.save_plan(cfg, part):
-            # pruning keeps the weights the collection reads
             with interrupts.saving():
                 checkpoints.save(part_dir, step + 1, policy, optimizer, tokenizer, cfg, d,
                                  checkpoints.protected_steps(cfg, part), prompt_round)
@@ -1007,21 +995,20 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
     size = cfg.prompts_per_step
     if cfg.collect_chunk:
         size = d.world_size * max(1, cfg.collect_chunk // cfg.collect_k)
-    with clock("collection"):
-        # RLEP: the seed policy, read by vLLM in its own dtype (no trainer copy)
-        engine.push(path=ckpt)  # RLEP
-        for start in range(0, len(todo), size):
-            interrupts.stop_if_asked()
-            chunk = todo[start:start + size]
-            records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
-                                       d, seed_key=(cfg.seed, "collect"),
-                                       temperature=cfg.collect_temperature,
-                                       top_p=cfg.collect_top_p, keep=verified_answers)
-            # on rank 0 (the others' records are [])
-            successes.update((r["id"], r["successes"]) for r in records)  # RLEP
-            if d.master_process:
-                files.append_jsonl(progress_path, records)
-            bar.update(len(chunk))
+    # RLEP: the seed policy, read by vLLM in its own dtype (no trainer copy)
+    engine.push(path=ckpt)  # RLEP
+    for start in range(0, len(todo), size):
+        interrupts.stop_if_asked()
+        chunk = todo[start:start + size]
+        records = sample_and_grade(engine, tokenizer, chunk, cfg.collect_k, cfg, [end_id],
+                                   d, seed_key=(cfg.seed, "collect"),
+                                   temperature=cfg.collect_temperature,
+                                   top_p=cfg.collect_top_p, keep=verified_answers)
+        # on rank 0 (the others' records are [])
+        successes.update((r["id"], r["successes"]) for r in records)  # RLEP
+        if d.master_process:
+            files.append_jsonl(progress_path, records)
+        bar.update(len(chunk))
     bar.close()
     engine.sleep()
 
@@ -1044,7 +1031,7 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
 
 def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict],
               engine: vllm_engine.Engine, tokenizer, end_id: int, base_path: str, d: ranks.Dist,
-              val_rows: list[dict]):
+              val_rows: list[dict], run: RunState = None):
     # RLEP: the pool given with --pool, else the collection's (read by rank 0, for all)
     collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
     pool = given_pool or ranks.rank0_decides(lambda: data.load_pool(collected), d)  # RLEP
@@ -1054,27 +1041,29 @@ def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict]
         pooled = {row["id"]: row["responses"] for row in pool}
         rows = [{**row, "responses": pooled.get(row["id"], [])} for row in train_rows]
     # RLEP: from π_θ0 (base_path), not phase one's checkpoint, with replays
-    train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True)
+    train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True,
+          run=run)
 
 
 # ---------------------------------------------------------------------------
 # main: phase one, the collection, phase two; the report and the time table
 
-def main(argv=None):
-    """Phase one, the collection, phase two (each part resumes on its own), the report."""
-    from transformers import AutoTokenizer
-    started = time.perf_counter()
-    cfg = parse_config(argv)
-    d = ranks.setup_distributed(cfg.timeout_minutes)
+def start_up(cfg: Config, d: ranks.Dist):
+    """The preflight and the run's start: the model folder, the data and the pool read by rank 0
+    and checked (nothing after it fails on input: the end token's too), the dtype, then the run
+    folder held, its config.json written and W&B started. Returns (the model's folder, the rows
+    (train, val, the pool given), the dtype's choice)."""
     # the command alone: every rank refuses alike
     for warning in preflight.check_config(cfg, d.world_size):
         if d.master_process:
-            print(f"rlep.py: warning: {warning}", file=sys.stderr, flush=True)
+            preflight.warn(warning)
+    def model_folder():
+        return hub.model_folder(cfg.model_path, cfg.cache_dir)
     try:
         # a folder as given, a built-in model made or a hub model fetched: by rank 0 first, once;
         # then every rank finds it
-        ranks.rank0_decides(lambda: hub.model_folder(cfg.model_path, cfg.cache_dir), d)
-        model_path = hub.model_folder(cfg.model_path, cfg.cache_dir)
+        ranks.rank0_decides(model_folder, d)
+        model_path = model_folder()
     except ValueError as e:  # an unknown built-in model, a hub name that cannot be fetched
         raise UserError(f"--model_path {e}") from None
     # the data, read once by rank 0 (the paper's parquet holds 1.8 M rows for ~17.9k prompts) and
@@ -1082,10 +1071,9 @@ def main(argv=None):
     def read_inputs():
         train_rows, val_rows, pool = data.read_inputs(cfg)
         # the method's prompts: all of D, or the fixed --train_prompts of them
-        train_rows = training_prompts(train_rows, cfg.train_prompts)
-        return train_rows, val_rows, pool and verified_pool(pool, cfg)  # RLEP
+        return (training_prompts(train_rows, cfg.train_prompts), val_rows,
+                pool and verified_pool(pool, cfg))  # RLEP
     inputs = ranks.rank0_decides(read_inputs, d)
-    train_rows, val_rows, given_pool = inputs
     # the preflight: rank 0 checks all the command reads (the run there, the model, the rows, the
     # pool, the folders, the disk, W&B); every rank gets the run's saved config, this command's
     # changes to it, the disk's line and the data's digests, or the refusal. Nothing after it
@@ -1094,12 +1082,9 @@ def main(argv=None):
         cfg, model_path, d.world_size, inputs, hub.commits, prompt_text, end_token_id), d)
     if cfg.dtype == "auto" and "dtype" in saved:
         cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
-
     # the ranks must agree: every rank takes rank 0's measurement
     dtype = ranks.rank0_decides(lambda: fsdp.resolve_dtype(cfg.dtype, d.device, model_path), d)
     cfg.dtype = dtype.dtype
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    end_id = end_token_id(tokenizer, cfg.stop_token)
     # one process writes the run: rank 0 holds its folder from the first write on
     ranks.rank0_decides(lambda: files.hold_run_folder(cfg.out_dir), d)
     if d.master_process:
@@ -1113,8 +1098,20 @@ def main(argv=None):
         if cfg.wandb_project:
             name = f"{os.path.basename(os.path.abspath(cfg.out_dir))}-{cfg.preset}"
             metrics.start_wandb(cfg.wandb_project, cfg.out_dir, asdict(cfg), name)
-    baseline_on_pool = cfg.phase1_prompts == "pool"  # control
+    return model_path, inputs, dtype
 
+
+def main(argv=None):
+    """Phase one, the collection, phase two (each part resumes on its own), the report."""
+    from transformers import AutoTokenizer
+    started = time.perf_counter()
+    stage[0] = "start-up"
+    run = RunState()
+    cfg = parse_config(argv)
+    d = ranks.setup_distributed(cfg.timeout_minutes)
+    model_path, (train_rows, val_rows, given_pool), dtype = start_up(cfg, d)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    end_id = end_token_id(tokenizer, cfg.stop_token)
     engine = build_engine(cfg, model_path, d)
     # free the GPU for the trainer; the first push wakes it
     engine.sleep()
@@ -1122,13 +1119,16 @@ def main(argv=None):
         print(engine.memory_line(cfg.preset), flush=True)
     try:
         if cfg.phase in ("all", "1"):
-            rows = given_pool if baseline_on_pool else train_rows
-            train(cfg, "phase1", rows, engine, tokenizer, end_id, model_path, d, val_rows)
+            # control: --phase1_prompts pool, the baseline on the pool's prompts
+            rows = given_pool if cfg.phase1_prompts == "pool" else train_rows
+            train(cfg, "phase1", rows, engine, tokenizer, end_id, model_path, d, val_rows,
+                  run=run)
         if cfg.phase in ("all", "collect") and not cfg.pool:
-            collect(cfg, train_rows, engine, tokenizer, end_id, d)
+            with clock("collection", run.spent):
+                collect(cfg, train_rows, engine, tokenizer, end_id, d)
         if cfg.phase in ("all", "2"):
             phase_two(cfg, given_pool, train_rows, engine, tokenizer, end_id, model_path, d,
-                      val_rows)  # RLEP
+                      val_rows, run)  # RLEP
     except BaseException as error:
         # After an error, no wake (it would ask for the memory again and hide the error). A rank's
         # stop under torchrun, no shutdown either: it tears down the process group, which can
@@ -1141,14 +1141,13 @@ def main(argv=None):
     # vLLM's groups, torchrun's too (else at exit, below); awake: vLLM frees the weights and KV
     # cache, and freeing what a sleep unmapped prints CUDA errors
     engine.shutdown(wake=True)
-
-    total = time.perf_counter() - started
-    spent = {**time_spent, "start-up, loading, saving": total - sum(time_spent.values())}
     if not d.master_process:
         return
+    total = time.perf_counter() - started
+    spent = {**run.spent, "start-up, loading, saving": total - sum(run.spent.values())}
     # the comparison (after --phase all), the time table
-    compare = cfg.phase == "all" and cfg.val_every
-    table = report.final_report(cfg.out_dir, compare, total, spent, dtype.gflops)
+    table = report.final_report(cfg.out_dir, cfg.phase == "all" and cfg.val_every, total, spent,
+                                dtype.gflops)
     # the table too; a run that stopped early is closed by wandb at exit
     metrics.finish_wandb(table)
 

@@ -64,12 +64,15 @@ def shard(policy: torch.nn.Module, model, d: Dist, gather_bf16: bool):
 
 
 def weights_finite(model: torch.nn.Module) -> bool:
-    """Whether every weight is finite, on every rank alike (FSDP2's shards: one all-reduce)."""
-    finite = torch.stack([(p.to_local() if isinstance(p, DTensor) else p).isfinite().all()
-                          for p in model.parameters()]).all().float()
-    if dist.is_initialized():
-        dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-    return bool(finite.item())
+    """Whether every weight is finite, on every rank alike: their global norm, torch's own (as the
+    gradient clip's; FSDP2's shards: one reduction), is finite. A norm past float32's range (a
+    weight near 1e19) counts as diverged too."""
+    return bool(full(torch.nn.utils.get_total_norm(model.parameters())).isfinite())
+
+
+def full(tensor):
+    """A DTensor's full value (a norm over FSDP2's shards: their reduction), else the tensor."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def peak_memory(device: torch.device) -> dict:

@@ -6,7 +6,8 @@ import os
 
 import torch
 
-from machinery.files import write_atomic
+from machinery.files import append_jsonl, write_atomic
+from machinery.ranks import Dist, gather_lists
 
 
 def logprob_gaps(trained: list) -> list[float]:
@@ -95,6 +96,27 @@ def log_step(part: str, step: int, steps: int, record: dict):
         shown.append("ends " + (", ".join(f"{t} {share:.2g}" for share, t in tokens) or "none"))
         shown.append(f"capped at L_max {ends.get('length', 0):.2g}")
     print(f"{part} step {step}/{steps} | " + " | ".join(shown), flush=True)
+
+
+def record_step(cfg, part: str, step: int, steps: int, update: dict, more: dict,
+                groups: list[list], visits: list[dict], trained: list, tokenizer,
+                stop_ids: list[int], d: Dist):
+    """rlep.train's step, logged: its record, {step, the update's values, step_record of every
+    rank's counts (one gather; its all-rank token counts win), more}; on rank 0 its row of
+    metrics.jsonl and W&B, the step's line and cfg.log_samples fresh completions in
+    samples.jsonl."""
+    my_counts = step_counts(groups, visits, logprob_gaps(trained), tokenizer, cfg, stop_ids,
+                            update)
+    record = {"step": step, **update, **step_record(gather_lists([my_counts], d)), **more}
+    if not d.master_process:
+        return
+    append_jsonl(os.path.join(cfg.out_dir, part, "metrics.jsonl"), [record])
+    track(part, record)  # W&B, with --wandb_project
+    fresh = [s for g in groups for s in g if not s.replay][:cfg.log_samples]
+    shown = [{"step": step, "prompt": tokenizer.decode(s.prompt_ids), "reward": s.reward,
+              "response": tokenizer.decode(s.completion_ids)} for s in fresh]
+    append_jsonl(os.path.join(cfg.out_dir, part, "samples.jsonl"), shown)
+    log_step(part, step, steps, record)
 
 
 wandb_run = None  # the command's W&B run, on rank 0; None: not tracking

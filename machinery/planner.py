@@ -4,12 +4,9 @@ memory and dealt to the ranks so that every rank runs as many passes (FSDP2's lo
 with fewer rows running idle ones of exactly zero gradient; one exchange a step sends each rank
 the rows planned for it that another rank generated. Memory and balance, not math: a row carries
 its advantage, and the loss's N is the mini-batch's."""
-from dataclasses import dataclass
 from typing import NamedTuple
 
-import torch
-
-from machinery.ranks import Dist, exchange
+from machinery.ranks import Dist, exchange, gather_lists
 
 
 class GroupSize(NamedTuple):
@@ -95,38 +92,34 @@ def plan_micro_batches(positions, sizes: dict, world_size: int,
     return [micro_batches[rank::world_size] for rank in range(world_size)]
 
 
-def step_rows(my_groups: dict, sizes: dict, runs: list, split: Split, d: Dist) -> dict:
-    """The rows this rank trains in the step, {(position, sample): sample}: those of its groups
-    planned here, and those the other ranks send (one exchange a step: every epoch's mini-batches
-    are the same runs, the first epoch's `runs` of positions, and π_θold stays with its row)."""
+def group_sizes(my_groups: dict, d: Dist) -> dict:
+    """Every rank's groups as {position: GroupSize} (one small gather) from this rank's, {position
+    in the step: group}: each group's response tokens, the end token and the replays' included,
+    whose sum over a mini-batch is its N; its rows' lengths, by which the rows are dealt."""
+    mine = [GroupSize(position, sum(len(s.completion_ids) for s in group),
+                      tuple(len(s.prompt_ids) + len(s.completion_ids) for s in group),
+                      d.rank) for position, group in my_groups.items()]
+    return {g.position: g for g in gather_lists(mine, d)}
+
+
+def deal(my_groups: dict, sizes: dict, runs: list, split: Split, d: Dist,
+         idle) -> tuple[dict, dict]:
+    """The step's rows dealt to the ranks: this rank's micro-batches of each mini-batch (a run of
+    positions: runs are the same in every epoch, in another order), {tuple(run): lists of
+    samples}, as many as every other rank's; and the rows it trains, {(position, sample):
+    sample}: those of its groups planned here, and those the other ranks send (one exchange a
+    step; π_θold stays with its row). Lockstep: a rank with fewer rows than the passes (or none)
+    runs an idle micro-batch for each missing one, [idle] (the update's sample of one token with
+    Â = 0: an exactly zero gradient)."""
+    plans = {tuple(run): plan_micro_batches(run, sizes, d.world_size, split) for run in runs}
     outgoing = [[] for _ in range(d.world_size)]
-    for positions in runs:
-        plan = plan_micro_batches(positions, sizes, d.world_size, split)
+    for plan in plans.values():
         for rank, micro_batches in enumerate(plan):
             outgoing[rank] += [((p, i), my_groups[p][i]) for micro in micro_batches
                                for p, i in micro if p in my_groups]
-    return dict(exchange(outgoing, d))
-
-
-@dataclass
-class IdleSample:
-    """What collate reads of a sample (a training sample has more), for an idle pass; the update
-    writes its π_θold as it does a sample's."""
-    prompt_ids: list
-    completion_ids: list
-    advantage: float = 0.0
-    replay: bool = False
-    old_logprobs: torch.Tensor = None
-
-
-def micro_batches(positions, rows: dict, sizes: dict, split: Split, d: Dist,
-                  pad_id: int) -> list[list]:
-    """This rank's micro-batches of the mini-batch of the prompts at `positions`, lists of samples
-    (rows: step_rows'), as many as every other rank's. Lockstep: a rank with fewer rows than the
-    passes (or none) runs an idle micro-batch for each missing one, [an IdleSample]: one token
-    with Â = 0, an exactly zero gradient."""
-    plan = plan_micro_batches(positions, sizes, d.world_size, split)
-    mine = [[rows[pair] for pair in pairs] for pairs in plan[d.rank]]
-    # with Â = 0 its π_θold does not matter: 0, so later epochs can collate it
-    idle = IdleSample([pad_id], [pad_id], old_logprobs=torch.zeros(1, device=d.device))
-    return mine + [[idle]] * (max(map(len, plan)) - len(mine))
+    rows = dict(exchange(outgoing, d))
+    dealt = {}
+    for run, plan in plans.items():
+        mine = [[rows[pair] for pair in pairs] for pairs in plan[d.rank]]
+        dealt[run] = mine + [[idle]] * (max(map(len, plan)) - len(mine))
+    return dealt, rows

@@ -187,12 +187,8 @@ def main_in_process(tiny_model, tiny_engine, monkeypatch):
         assert cfg.max_prompt_len + cfg.max_response_len <= 48
         return Lent(tiny_engine)
     monkeypatch.setattr(rlep, "build_engine", lend)
-    monkeypatch.setattr(rlep, "base_scores", {})  # the session's own left as they are
-
-    def main(argv):
-        rlep.base_scores.clear()  # each run validated afresh, as a new process does
-        return rlep.main(argv)
-    return main
+    # each main validates afresh, as a new process does (its RunState)
+    return rlep.main
 
 
 @pytest.fixture

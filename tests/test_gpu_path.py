@@ -152,7 +152,6 @@ def test_the_gpu_smoke_run_in_its_tiny_form_goes_through_the_whole_gpu_path(
     wakes the engine from a level-2 sleep, the collection's checkpoint is read into it while its
     weights sleep no more, phase two replays, and each process ends awake before its shutdown."""
     monkeypatch.setattr(rlep, "build_engine", lambda *args: sleeping)
-    monkeypatch.setattr(rlep, "base_scores", {})
     out = tmp_path / "smoke"
     smoke = ["--preset", "tiny", "--model_path", tiny_model, "--out_dir", str(out),
              "--phase1_steps", "2", "--collect_step", "2", "--phase2_steps", "2",

