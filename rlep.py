@@ -22,7 +22,7 @@ length, R a micro-batch's rows.
 
 Deviations from the paper (and its verl code):
 1. torchrun and FSDP2 (weights, gradients, AdamW state sharded) with one in-process vLLM engine
-   per rank, not Ray.
+   per rank, not Ray; a bf16 run gathers bf16 weights, as verl's default.
 2. The loss is the exact token mean over each mini-batch; verl's per-micro-batch mean weighs
    long responses less.
 3. The collection code was never published: ours keeps prompts with >= `min_successes` verified
@@ -285,9 +285,16 @@ def clock(activity: str, times: dict):
 
 
 # ---------------------------------------------------------------------------
-# Data: rows {"id", "problem", "answer" [, "prompt" (chat), "responses" (a pool's)]}, read and
-# read by machinery/data.py in main, checked by preflight.py; here they become prompts, a step at a
-# time
+# Data: rows {"id", "problem", "answer" [, "prompt" (chat), "responses" (a pool's)]}, read once in
+# main by machinery/data.py and checked by preflight.py; here they become prompts, a step at a
+# time. The reading's rules, each a number the method sees:
+# - rows are de-duplicated by problem, the first kept, in file order (deviation 6);
+# - a row without an id gets sha1(problem)'s first 12 hex digits: the id seeds every draw for its
+#   prompt (seed_for) and names its answers in the pool;
+# - a gold answer is read as text, a whole float as an integer (3.0: "3"), as verify.py reads it;
+# - a DAPO row's prompt is the file's chat messages, not --template (prompt_text);
+# - a pool given with --pool keeps its rows with answers (a DAPO row without candidates is left
+#   out, counted in a line), then only the answers the run's rule verifies (verified_pool).
 
 def prompt_text(tokenizer, row: dict, template: str) -> str:
     """The row's chat prompt, generation prompt included."""
@@ -441,6 +448,8 @@ def build_group(row: dict, prompt_ids: list[int], completions: list[vllm_engine.
     group = []
     for ids, logprobs, replay in candidates:  # RLEP: n fresh and m replays, one reward
         text = tokenizer.decode(ids, skip_special_tokens=True)
+        # the reward's rule, --verify_mode: the paper's (node, paper presets) or verify.py's
+        # equivalence checker (the small presets: deviation 4)
         correct = verify.verify(text, row["answer"], mode=cfg.verify_mode)
         penalty = overlong_penalty(len(ids), cfg.max_response_len, cfg.overlong_buffer,
                                    cfg.overlong_factor)
@@ -615,6 +624,8 @@ def build_policy(path: str, cfg: Config, d: ranks.Dist):
     rank 0 alone); log π_θ of each response token from logits / T, as vLLM samples them."""
     model = fsdp.load_model(path, d, cfg.gradient_checkpointing)
     policy = TokenLogProbs(model, cfg.temperature)
+    # deviation: under torchrun a bf16 run gathers bf16 weights (verl's default: half the bytes)
+    # and reduces gradients in fp32; it doubles the gap between 2 ranks and 1 (docs/paper.md, 1)
     fsdp.shard(policy, model, d, gather_bf16=cfg.dtype == "bfloat16")
     # fused: one kernel for all parameters (CPU's default loops over them)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
@@ -1082,7 +1093,10 @@ def start_up(cfg: Config, d: ranks.Dist):
         cfg, model_path, d.world_size, inputs, hub.commits, prompt_text, end_token_id), d)
     if cfg.dtype == "auto" and "dtype" in saved:
         cfg.dtype = saved["dtype"]  # a resumed run keeps its measured dtype
-    # the ranks must agree: every rank takes rank 0's measurement
+    # the dtype of vLLM's weights and the update's autocast (master weights stay fp32): bf16 on a
+    # GPU, as the paper; on a CPU --dtype auto measures both and takes bf16 only if 1.5x faster
+    # (bf16 rounds log π: a gap to vLLM's of ~0.3, not ~1e-5). The ranks must agree: every rank
+    # takes rank 0's measurement
     dtype = ranks.rank0_decides(lambda: fsdp.resolve_dtype(cfg.dtype, d.device, model_path), d)
     cfg.dtype = dtype.dtype
     # one process writes the run: rank 0 holds its folder from the first write on
