@@ -165,7 +165,7 @@ def main():
                   + f" passes={passes:.1f} heaviest_tokens={heaviest:.0f}"
                   f" micro_batch_size={cfg.micro_batch_size} "
                   f"micro_batch_tokens={cfg.micro_batch_tokens}")
-    # what step_rows' exchange sends of a row: its token ids (Qwen's vocabulary) and vLLM's
+    # what planner.deal's exchange sends of a row: its token ids (Qwen's vocabulary) and vLLM's
     # log-prob of each fresh token, pickled as ranks.exchange pickles them
     rng = np.random.default_rng(args.seed)
     prompt = rng.integers(0, 151936, 250).tolist()  # a group's rows share their prompt's list
