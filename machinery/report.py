@@ -8,16 +8,20 @@ import os
 from machinery.files import read_jsonl, write_atomic
 
 
-def validation_curves(run_dir: str) -> dict:
-    """{val_acc or val_acc/<source>: [phase one's curve, phase two's]} of a run's metrics.jsonl,
-    by name; a curve is [(step, value)], [] where the part has none."""
+def validation_curves(run_dir: str) -> tuple[str, dict]:
+    """A run's name and {val_acc or val_acc/<source>: [phase one's curve, phase two's]} of its
+    metrics.jsonl, by metric; a curve is [(step, value)], [] where the part has none. A run
+    without any is bad input."""
     points = collections.defaultdict(lambda: ({}, {}))
     for i, part in enumerate(("phase1", "phase2")):
         for row in read_jsonl(os.path.join(run_dir, part, "metrics.jsonl")):
             for key, value in row.items():
                 if key.startswith("val_acc") and value is not None:
                     points[key][i][row["step"]] = value
-    return {key: [sorted(part.items()) for part in parts] for key, parts in sorted(points.items())}
+    if not points:
+        raise ValueError(f"{run_dir}: no val_acc in phase1/metrics.jsonl or phase2/metrics.jsonl")
+    return os.path.basename(os.path.normpath(run_dir)), {
+        key: [sorted(part.items()) for part in parts] for key, parts in sorted(points.items())}
 
 
 def comparison_rows(run_dirs: list[str]) -> list[list[str]]:
@@ -33,12 +37,7 @@ def comparison_rows(run_dirs: list[str]) -> list[list[str]]:
 
     rows = [["run", "metric", "baseline peak", "RLEP reaches it at", "RLEP peak",
              "baseline final", "RLEP final"]]
-    for run_dir in run_dirs:
-        curves = validation_curves(run_dir)
-        if not curves:
-            raise ValueError(f"{run_dir}: no val_acc in phase1/metrics.jsonl "
-                             "or phase2/metrics.jsonl")
-        name = os.path.basename(os.path.normpath(run_dir))
+    for name, curves in map(validation_curves, run_dirs):
         for key, (base, ours) in curves.items():
             best = peak(base)
             reached = "n/a"
@@ -85,9 +84,8 @@ def plot_comparison(run_dirs: list[str], path: str) -> str:
     """The runs' validation curves: a panel per metric, a colour per run, the baseline (phase
     one) dashed, RLEP (phase two) solid."""
     panels = collections.defaultdict(list)
-    for i, run_dir in enumerate(run_dirs):
-        name = os.path.basename(os.path.normpath(run_dir))
-        for key, curves in validation_curves(run_dir).items():
+    for i, (name, metrics) in enumerate(map(validation_curves, run_dirs)):
+        for key, curves in metrics.items():
             for (label, style), curve in zip((("baseline", "--"), ("RLEP", "-")), curves):
                 if curve:
                     steps, values = map(list, zip(*curve))
@@ -105,8 +103,8 @@ def final_report(out_dir: str, compare: bool, total: float, spent: dict, gflops)
         table = comparison_rows([out_dir])
         print(markdown(table))
         print(plot_comparison([out_dir], os.path.join(out_dir, "curves.png")))
-    shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()]
-    print(f"time: {total:.0f} s | " + " | ".join(shown))
+    print(f"time: {total:.0f} s | "
+          + " | ".join(f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()))
     # timings.json: added to a resumed run's earlier processes' (counted in "processes")
     path = os.path.join(out_dir, "timings.json")
     earlier = (read_jsonl(path) or [{}])[0]  # one line
