@@ -88,8 +88,8 @@ def log_step(part: str, step: int, steps: int, record: dict):
         # <|im_end|> reaches the cap (responses end at EOS alone, as the authors')
         tokens = sorted(((share, token) for token, share in ends.items() if token != "length"),
                         reverse=True)
-        shown.append("ends " + (", ".join(f"{t} {share:.2g}" for share, t in tokens) or "none"))
-        shown.append(f"capped at L_max {ends.get('length', 0):.2g}")
+        shown += ["ends " + (", ".join(f"{t} {share:.2g}" for share, t in tokens) or "none"),
+                  f"capped at L_max {ends.get('length', 0):.2g}"]
     print(f"{part} step {step}/{steps} | " + " | ".join(shown), flush=True)
 
 

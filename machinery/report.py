@@ -108,7 +108,7 @@ def final_report(out_dir: str, compare: bool, total: float, spent: dict, gflops)
     # timings.json: added to a resumed run's earlier processes' (counted in "processes")
     path = os.path.join(out_dir, "timings.json")
     earlier = (read_jsonl(path) or [{}])[0]  # one line
-    parts = collections.Counter(earlier.get("parts_s", {}))
+    parts = collections.Counter(earlier.get("parts_s"))  # None: empty
     parts.update(spent)
     write_atomic(path, json.dumps({"total_s": earlier.get("total_s", 0) + total, "parts_s": parts,
                                    "processes": earlier.get("processes", 1 if earlier else 0) + 1,
