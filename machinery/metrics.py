@@ -1,6 +1,6 @@
-"""A training step's row of metrics.jsonl: each rank's sums (step_counts), the step's
-metrics from all ranks' (step_record), its printed line, and the optional live curves on Weights &
-Biases (--wandb_project; wandb is imported only then)."""
+"""A training step's row of metrics.jsonl (record_step): each rank's sums (step_counts), the
+step's metrics from all ranks' (step_record), its printed line, and the optional live curves on
+Weights & Biases (--wandb_project; wandb is imported only then)."""
 import collections
 import os
 
@@ -45,7 +45,8 @@ def step_counts(groups: list[list], visits: list[dict], gaps: list[float], token
 
 
 def step_record(ranks: list[dict]) -> dict:
-    """The step's metrics from every rank's step_counts."""
+    """The step's metrics from every rank's step_counts; what a visit holds (its fresh answers
+    right, replays, rescue) is counted from the visits, here alone."""
     # each sum over the ranks: numbers, the ends' Counters, the visits' lists
     total = {key: sum((counts[key] for counts in ranks[1:]), first)
              for key, first in ranks[0].items()}
