@@ -1,6 +1,6 @@
-"""A training step's row of metrics.jsonl: each rank's sums (step_counts), the step's
-metrics from all ranks' (step_record), its printed line, and the optional live curves on Weights &
-Biases (--wandb_project; wandb is imported only then)."""
+"""A training step's row of metrics.jsonl (record_step): each rank's sums (step_counts), the
+step's metrics from all ranks' (step_record), its printed line, and the optional live curves on
+Weights & Biases (--wandb_project; wandb is imported only then)."""
 import collections
 import os
 
@@ -24,50 +24,46 @@ def logprob_gaps(trained: list) -> list[float]:
 def step_counts(groups: list[list], visits: list[dict], gaps: list[float], tokenizer, cfg,
                 stop_ids: list[int], update: dict) -> dict:
     """This rank's sums for the step's metrics (step_record adds the ranks'): groups, lists of
-    samples (replay, correct, reward, advantage, completion_ids); visits, a dict per prompt visit
-    (rescued, replays); gaps, logprob_gaps'; update, the update's summary (its token counts)."""
+    samples (replay, reward, advantage, completion_ids); visits, a dict per group (fresh_correct,
+    replays, rescued), step_record counts from them; gaps, logprob_gaps'; update, the update's
+    summary (its token counts)."""
     fresh = [s for g in groups for s in g if not s.replay]
-    ends = collections.Counter()
-    for s in fresh:
+
+    def end(ids):
         # the stop token that ended a response, or "length" if it was cut at L_max
-        cut = len(s.completion_ids) >= cfg.max_response_len
-        last = s.completion_ids[-1]
-        token = tokenizer.convert_ids_to_tokens(last)
-        ends["length" if cut and last not in stop_ids else token] += 1
-    return {"samples": sum(map(len, groups)), "fresh": len(fresh),
-            "correct": sum(s.correct for s in fresh),
-            "tokens": sum(len(s.completion_ids) for s in fresh),
-            "reward": sum(s.reward for g in groups for s in g), "groups": len(groups),
+        if len(ids) >= cfg.max_response_len and ids[-1] not in stop_ids:
+            return "length"
+        return tokenizer.convert_ids_to_tokens(ids[-1])
+
+    return {"fresh": len(fresh), "tokens": sum(len(s.completion_ids) for s in fresh),
+            "reward": sum(s.reward for g in groups for s in g),
             "zero_std": sum(all(s.advantage == 0 for s in g) for g in groups),
-            "rescued": sum(v["rescued"] for v in visits),
-            "pooled": sum(v["replays"] > 0 for v in visits),
             "gap_sum": sum(gaps), "gap_max": max(gaps, default=0.0),
-            "ends": dict(ends), "visits": visits,
+            "ends": collections.Counter(end(s.completion_ids) for s in fresh), "visits": visits,
             "trained_tokens": update["trained_tokens"],
             "trained_response_tokens": update["trained_response_tokens"]}
 
 
 def step_record(ranks: list[dict]) -> dict:
-    """The step's metrics from every rank's step_counts."""
-    total = collections.Counter()
-    ends = collections.Counter()
-    visits = []
-    for counts in ranks:
-        ends.update(counts["ends"])
-        visits += counts["visits"]
-        # update adds negative sums too (a Counter's + would drop them)
-        total.update({k: v for k, v in counts.items() if k not in ("ends", "visits")})
-    return {"reward_mean": total["reward"] / total["samples"],
-            "acc_fresh": total["correct"] / total["fresh"],
+    """The step's metrics from every rank's step_counts; what a visit holds (its fresh answers
+    right, replays, rescue) is counted from the visits, here alone."""
+    # each sum over the ranks: numbers, the ends' Counters, the visits' lists
+    total = {key: sum((counts[key] for counts in ranks[1:]), first)
+             for key, first in ranks[0].items()}
+    visits = total["visits"]
+    samples = total["fresh"] + sum(v["replays"] for v in visits)
+    rescued = sum(v["rescued"] for v in visits)
+    return {"reward_mean": total["reward"] / samples,
+            "acc_fresh": sum(v["fresh_correct"] for v in visits) / total["fresh"],
             "response_len": total["tokens"] / total["fresh"],
-            "zero_std_frac": total["zero_std"] / total["groups"],
+            "zero_std_frac": total["zero_std"] / len(visits),
             # m / (n + m) in phase two
-            "replay_frac": 1 - total["fresh"] / total["samples"],
+            "replay_frac": 1 - total["fresh"] / samples,
             # the visits rescued (every fresh answer wrong, a replay right), and their share of the
             # visits to pooled prompts
-            "rescued": total["rescued"],
-            "rescued_frac": total["rescued"] / max(1, total["pooled"]),
-            "ends": {k: v / total["fresh"] for k, v in ends.items()},
+            "rescued": rescued,
+            "rescued_frac": rescued / max(1, sum(v["replays"] > 0 for v in visits)),
+            "ends": {k: v / total["fresh"] for k, v in total["ends"].items()},
             "logprob_gap_mean": total["gap_sum"] / total["tokens"],
             "logprob_gap_max": max(r["gap_max"] for r in ranks),
             "trained_tokens": total["trained_tokens"],
@@ -93,8 +89,8 @@ def log_step(part: str, step: int, steps: int, record: dict):
         # <|im_end|> reaches the cap (responses end at EOS alone, as the authors')
         tokens = sorted(((share, token) for token, share in ends.items() if token != "length"),
                         reverse=True)
-        shown.append("ends " + (", ".join(f"{t} {share:.2g}" for share, t in tokens) or "none"))
-        shown.append(f"capped at L_max {ends.get('length', 0):.2g}")
+        shown += ["ends " + (", ".join(f"{t} {share:.2g}" for share, t in tokens) or "none"),
+                  f"capped at L_max {ends.get('length', 0):.2g}"]
     print(f"{part} step {step}/{steps} | " + " | ".join(shown), flush=True)
 
 
@@ -105,17 +101,16 @@ def record_step(cfg, part: str, step: int, steps: int, update: dict, more: dict,
     rank's counts (one gather; its all-rank token counts win), more}; on rank 0 its row of
     metrics.jsonl and W&B, the step's line and cfg.log_samples fresh completions in
     samples.jsonl."""
-    my_counts = step_counts(groups, visits, logprob_gaps(trained), tokenizer, cfg, stop_ids,
-                            update)
-    record = {"step": step, **update, **step_record(gather_lists([my_counts], d)), **more}
+    counts = step_counts(groups, visits, logprob_gaps(trained), tokenizer, cfg, stop_ids, update)
+    record = {"step": step, **update, **step_record(gather_lists([counts], d)), **more}
     if not d.master_process:
         return
     append_jsonl(os.path.join(cfg.out_dir, part, "metrics.jsonl"), [record])
     track(part, record)  # W&B, with --wandb_project
     fresh = [s for g in groups for s in g if not s.replay][:cfg.log_samples]
-    shown = [{"step": step, "prompt": tokenizer.decode(s.prompt_ids), "reward": s.reward,
-              "response": tokenizer.decode(s.completion_ids)} for s in fresh]
-    append_jsonl(os.path.join(cfg.out_dir, part, "samples.jsonl"), shown)
+    append_jsonl(os.path.join(cfg.out_dir, part, "samples.jsonl"),
+                 [{"step": step, "prompt": tokenizer.decode(s.prompt_ids), "reward": s.reward,
+                   "response": tokenizer.decode(s.completion_ids)} for s in fresh])
     log_step(part, step, steps, record)
 
 

@@ -8,27 +8,20 @@ import os
 from machinery.files import read_jsonl, write_atomic
 
 
-def add_timings(out_dir: str, total: float, parts: dict, **more):
-    """timings.json: seconds in all and per part, added to a resumed run's earlier processes'
-    (counted in "processes")."""
-    path = os.path.join(out_dir, "timings.json")
-    earlier = (read_jsonl(path) or [{}])[0]  # one line
-    spent = collections.Counter(earlier.get("parts_s", {}))
-    spent.update(parts)
-    processes = earlier.get("processes", 1 if earlier else 0) + 1
-    timings = {"total_s": earlier.get("total_s", 0) + total, "parts_s": spent,
-               "processes": processes, **more}
-    write_atomic(path, json.dumps(timings))
-
-
-def validation_curves(run_dir: str, part: str) -> dict:
-    """{val_acc or val_acc/<source>: [(step, value)]} of a part's metrics.jsonl."""
-    curves = collections.defaultdict(dict)
-    for row in read_jsonl(os.path.join(run_dir, part, "metrics.jsonl")):
-        for key, value in row.items():
-            if key.startswith("val_acc") and value is not None:
-                curves[key][row["step"]] = value
-    return {key: sorted(points.items()) for key, points in curves.items()}
+def validation_curves(run_dir: str) -> tuple[str, dict]:
+    """A run's name and {val_acc or val_acc/<source>: [phase one's curve, phase two's]} of its
+    metrics.jsonl, by metric; a curve is [(step, value)], [] where the part has none. A run
+    without any is bad input."""
+    points = collections.defaultdict(lambda: ({}, {}))
+    for i, part in enumerate(("phase1", "phase2")):
+        for row in read_jsonl(os.path.join(run_dir, part, "metrics.jsonl")):
+            for key, value in row.items():
+                if key.startswith("val_acc") and value is not None:
+                    points[key][i][row["step"]] = value
+    if not points:
+        raise ValueError(f"{run_dir}: no val_acc in phase1/metrics.jsonl or phase2/metrics.jsonl")
+    return os.path.basename(os.path.normpath(run_dir)), {
+        key: [sorted(part.items()) for part in parts] for key, parts in sorted(points.items())}
 
 
 def comparison_rows(run_dirs: list[str]) -> list[list[str]]:
@@ -44,22 +37,13 @@ def comparison_rows(run_dirs: list[str]) -> list[list[str]]:
 
     rows = [["run", "metric", "baseline peak", "RLEP reaches it at", "RLEP peak",
              "baseline final", "RLEP final"]]
-    for run_dir in run_dirs:
-        base_curves = validation_curves(run_dir, "phase1")
-        rlep_curves = validation_curves(run_dir, "phase2")
-        if not base_curves and not rlep_curves:
-            raise ValueError(f"{run_dir}: no val_acc in phase1/metrics.jsonl "
-                             "or phase2/metrics.jsonl")
-        name = os.path.basename(os.path.normpath(run_dir))
-        for key in sorted(set(base_curves) | set(rlep_curves)):
-            base = base_curves.get(key, [])
-            ours = rlep_curves.get(key, [])
+    for name, curves in map(validation_curves, run_dirs):
+        for key, (base, ours) in curves.items():
+            best = peak(base)
             reached = "n/a"
-            if base and ours:
-                target = peak(base)[1]
-                reached = next((f"step {s}" for s, v in ours if v >= target),
-                               "never")
-            rows.append([name, key, cell(peak(base)), reached, cell(peak(ours)),
+            if best and ours:
+                reached = next((f"step {s}" for s, v in ours if v >= best[1]), "never")
+            rows.append([name, key, cell(best), reached, cell(peak(ours)),
                          cell(base[-1] if base else None), cell(ours[-1] if ours else None)])
     return rows
 
@@ -100,13 +84,12 @@ def plot_comparison(run_dirs: list[str], path: str) -> str:
     """The runs' validation curves: a panel per metric, a colour per run, the baseline (phase
     one) dashed, RLEP (phase two) solid."""
     panels = collections.defaultdict(list)
-    parts = (("phase1", "baseline", "--"), ("phase2", "RLEP", "-"))
-    for i, run_dir in enumerate(run_dirs):
-        name = os.path.basename(os.path.normpath(run_dir))
-        for part, label, style in parts:
-            for key, curve in validation_curves(run_dir, part).items():
-                steps, values = map(list, zip(*curve))  # a curve holds a point at least
-                panels[key].append((f"{name} {label}", steps, values, style, i))
+    for i, (name, metrics) in enumerate(map(validation_curves, run_dirs)):
+        for key, curves in metrics.items():
+            for (label, style), curve in zip((("baseline", "--"), ("RLEP", "-")), curves):
+                if curve:
+                    steps, values = map(list, zip(*curve))
+                    panels[key].append((f"{name} {label}", steps, values, style, i))
     return save_plot(path, dict(sorted(panels.items())),
                      "validation avg@k (%)")
 
@@ -120,7 +103,14 @@ def final_report(out_dir: str, compare: bool, total: float, spent: dict, gflops)
         table = comparison_rows([out_dir])
         print(markdown(table))
         print(plot_comparison([out_dir], os.path.join(out_dir, "curves.png")))
-    shown = [f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()]
-    print(f"time: {total:.0f} s | " + " | ".join(shown))
-    add_timings(out_dir, total, spent, linear_gflops=gflops)
+    print(f"time: {total:.0f} s | "
+          + " | ".join(f"{k} {v:.0f} s ({100 * v / total:.0f} %)" for k, v in spent.items()))
+    # timings.json: added to a resumed run's earlier processes' (counted in "processes")
+    path = os.path.join(out_dir, "timings.json")
+    earlier = (read_jsonl(path) or [{}])[0]  # one line
+    parts = collections.Counter(earlier.get("parts_s"))  # None: empty
+    parts.update(spent)
+    write_atomic(path, json.dumps({"total_s": earlier.get("total_s", 0) + total, "parts_s": parts,
+                                   "processes": earlier.get("processes", 1 if earlier else 0) + 1,
+                                   "linear_gflops": gflops}))
     return table
