@@ -75,6 +75,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 import verify
@@ -538,13 +539,12 @@ class TokenLogProbs(torch.nn.Module):
                                   position_ids=batch["position_ids"]).last_hidden_state
         # the state before each response token: (R, L, H) -> (tokens, H)
         hidden = hidden.flatten(0, 1)[batch["sources"]]
-        targets = batch["targets"]  # (tokens,)
-        logps = []
-        for i in range(0, targets.numel(), self.chunk_tokens):
-            chunk = slice(i, i + self.chunk_tokens)
-            # recomputed in backward: one chunk of logits alive at a time
-            logps.append(torch.utils.checkpoint.checkpoint(
-                self._chunk_logps, hidden[chunk], targets[chunk], use_reentrant=False))
+        # chunks of (chunk_tokens, H) and (chunk_tokens,), recomputed in backward: one chunk of
+        # logits alive at a time
+        logps = [torch.utils.checkpoint.checkpoint(self._chunk_logps, states, targets,
+                                                   use_reentrant=False)
+                 for states, targets in zip(hidden.split(self.chunk_tokens),
+                                            batch["targets"].split(self.chunk_tokens))]
         out = hidden.new_zeros(batch["completion_mask"].shape, dtype=torch.float32)  # (S, L)
         # integer positions: a boolean mask would sync with the host
         out.view(-1)[batch["completion_index"]] = torch.cat(logps)
@@ -565,43 +565,44 @@ def collate(samples: list, pad_id: int, device, share_prompts: bool = False) -> 
         members[tuple(s.prompt_ids) if share_prompts else i].append(i)
     # per row: tokens, positions, segments (0: the prompt, j: its j-th response)
     tokens, positions, segments = [], [], []
-    # per sample: the (row, column) of the state that predicts each of its tokens
+    # per sample: its row, and the columns of the states that predict its tokens
     sources = [None] * len(samples)
-    for ids in members.values():
+    for r, ids in enumerate(members.values()):
         prompt = samples[ids[0]].prompt_ids
         p = len(prompt)
-        r = len(tokens)
         tokens.append(list(prompt))
         positions.append(list(range(p)))
         segments.append([0] * p)
         for j, i in enumerate(ids):
             completion = samples[i].completion_ids
-            # state t - 1 predicts token t: the first token's is the prompt's last
             start = len(tokens[r])
-            sources[i] = [(r, p - 1)] + [(r, start + t) for t in range(len(completion) - 1)]
+            # state t - 1 predicts token t: the first token's is the prompt's last
+            sources[i] = r, [p - 1, *range(start, start + len(completion) - 1)]
             tokens[r] += completion
             # positions continue the prompt's, as vLLM numbers them
             positions[r] += range(p, p + len(completion))
             segments[r] += [j + 1] * len(completion)
     length = max(map(len, tokens))
 
-    def pad(lists, value):  # -> (R, L)
-        return torch.tensor([x + [value] * (length - len(x)) for x in lists])
+    def pad(lists, value):  # -> (len(lists), the longest)
+        return pad_sequence([torch.tensor(x) for x in lists], batch_first=True,
+                            padding_value=value)
 
     segments = pad(segments, -1)  # (R, L), -1 on padding
-    query, key = segments.unsqueeze(2), segments.unsqueeze(1)  # (R, L, 1), (R, 1, L)
-    # a token sees the prompt and its own response, causally: (R, 1, L, L)
-    attention = ((key == 0) | (key == query)).tril().unsqueeze(1)
-    if not share_prompts:
-        attention = (segments >= 0).long()  # (R, L)
-    lengths = torch.tensor([len(s.completion_ids) for s in samples])  # (S,)
-    completion_mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)  # (S, L)
+    attention = (segments >= 0).long()  # (R, L)
+    if share_prompts:
+        query, key = segments.unsqueeze(2), segments.unsqueeze(1)  # (R, L, 1), (R, 1, L)
+        # a token sees the prompt and its own response, causally: (R, 1, L, L)
+        attention = ((key == 0) | (key == query)).tril().unsqueeze(1)
+    responses = pad([s.completion_ids for s in samples], -1)  # (S, L), -1 after each end
+    completion_mask = responses >= 0  # (S, L)
     batch = {
         "input_ids": pad(tokens, pad_id),  # (R, L)
         "position_ids": pad(positions, 0),  # (R, L)
         "attention_mask": attention,
-        "sources": torch.tensor([r * length + t for s in sources for r, t in s]),  # (tokens,)
-        "targets": torch.tensor([t for s in samples for t in s.completion_ids]),  # (tokens,)
+        # (tokens,) flat positions in (R * L)
+        "sources": torch.tensor([r * length + t for r, columns in sources for t in columns]),
+        "targets": responses[completion_mask],  # (tokens,)
         "completion_mask": completion_mask.long(),  # (S, L)
         # (tokens,) positions in (S * L), in the order of targets
         "completion_index": completion_mask.flatten().nonzero().squeeze(1),
@@ -611,8 +612,8 @@ def collate(samples: list, pad_id: int, device, share_prompts: bool = False) -> 
     batch = {key: value.to(device) for key, value in batch.items()}
     if all(s.old_logprobs is not None for s in samples):
         # π_θold, carried by the samples as their advantages are (epochs after the first)
-        batch["old_logprobs"] = torch.nn.utils.rnn.pad_sequence(
-            [s.old_logprobs for s in samples], batch_first=True)  # (S, L), 0 after the end
+        batch["old_logprobs"] = pad_sequence([s.old_logprobs for s in samples],
+                                             batch_first=True)  # (S, L), 0 after the end
     batch["samples"] = samples
     # the rows' real tokens: what the forward costs
     batch["row_tokens"] = sum(map(len, tokens))
