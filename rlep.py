@@ -187,15 +187,6 @@ presets = {
         replay_m=1, mini_batch_prompts=32, micro_batch_tokens=32768, phase1_steps=150,
         collect_step=150, collect_k=16, phase2_steps=150, val_every=10, val_k=16,
         gpu_memory_utilization=0.65),
-    # One 80 GB GPU, no torchrun, the three parts in an afternoon (docs/gpu.md: the gpu preset):
-    # the node preset at a quarter of its prompts a step and 80 steps a phase, on a fixed 2,560 of
-    # DAPO-Math-17k's prompts (two passes in phase one, as the node's 2.1). The paper's ratios:
-    # m : n = 1 : 8, 8 updates a step (9 with replays); K = 16 of 64.
-    "gpu": dict(
-        model_path="Qwen/Qwen2.5-Math-1.5B", out_dir="runs/gpu", train_prompts=2560,
-        prompts_per_step=64, n=8, replay_m=1, mini_batch_prompts=8, phase1_steps=80,
-        collect_step=80, collect_k=16, phase2_steps=80, val_every=10, val_k=8,
-        gpu_memory_utilization=0.5),
     # A tiny random Qwen2, given seconds of supervised warm-up, on 1-digit sums.
     "tiny": dict(
         model_path="builtin:tiny", train_file="builtin:tiny:train",
@@ -214,8 +205,17 @@ presets = {
         warmup_steps=0, mini_batch_prompts=4, micro_batch_size=40, micro_batch_tokens=0,
         share_prompts=True, phase1_steps=6, collect_step=6, collect_k=8, collect_chunk=0,
         phase2_steps=6, val_every=3, val_k=4, verify_mode="equivalence",
-        gradient_checkpointing=False, save_every=6, log_samples=2, progress=False),
+        gradient_checkpointing=False, save_every=6, progress=False),
 }
+# gpu: one 80 GB GPU, no torchrun, the three parts in an afternoon (docs/gpu.md: the gpu preset):
+# the node preset at a quarter of its prompts a step and 80 steps a phase, on a fixed 2,560 of
+# DAPO-Math-17k's prompts (two passes in phase one, as the node's 2.1), micro-batches of the
+# default 16,384 tokens. The paper's ratios: m : n = 1 : 8, 8 updates a step (9 with replays);
+# K = 16 of 64.
+presets["gpu"] = dict(
+    presets["node"], out_dir="runs/gpu", train_prompts=2560, prompts_per_step=64,
+    mini_batch_prompts=8, micro_batch_tokens=16384, phase1_steps=80, collect_step=80,
+    phase2_steps=80, val_k=8, gpu_memory_utilization=0.5)
 # cpu-hard: the cpu preset where replays can rescue (docs/studies.md), with the paper's K = 64
 presets["cpu-hard"] = dict(
     presets["cpu"], train_file="builtin:arith-mix:train", val_file="builtin:arith-mix:val",
@@ -238,8 +238,7 @@ def parse_config(argv=None) -> Config:
         parser.error("on GPUs, choose: --preset gpu (one 80 GB GPU), --preset node (one node of "
                      "8) or --preset paper (the paper's 64, Qwen2.5-Math-7B); their time and "
                      "memory: docs/gpu.md")
-    preset = presets[args.get("preset", Config.preset)]
-    cfg = Config(**{**preset, **args})
+    cfg = Config(**{**presets[args.get("preset", Config.preset)], **args})
     if cfg.share_prompts and cfg.micro_batch_tokens:
         # a shared row holds a whole group: it cannot be split by length
         parser.error("--share_prompts needs --micro_batch_tokens 0")
@@ -628,8 +627,9 @@ def build_policy(path: str, cfg: Config, d: ranks.Dist):
     # deviation: under torchrun a bf16 run gathers bf16 weights (verl's default: half the bytes)
     # and reduces gradients in fp32; it doubles the gap between 2 ranks and 1 (docs/paper.md, 1)
     fsdp.shard(policy, model, d, gather_bf16=cfg.dtype == "bfloat16")
-    # fused: one kernel for all parameters (CPU's default loops over them)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
+    # fused: one kernel for all parameters (CPU's default loops over them); betas (0.9, 0.999),
+    # AdamW's default, as verl's
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr,
                                   weight_decay=cfg.weight_decay, fused=True)
     return policy, optimizer
 
@@ -640,8 +640,7 @@ def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
     order step_prompts already shuffled, whole groups, replays included (RLEP's 9 runs of 56 or
     57 of 512). The runs do not depend on W (the update is the same on any number of ranks);
     later epochs take them in another seeded order."""
-    positions = np.arange(num_prompts)
-    runs = np.array_split(positions, num_updates)
+    runs = np.array_split(np.arange(num_prompts), num_updates)  # of positions
     if epoch == 0:
         return runs
     order = np.random.default_rng(seed).permutation(num_updates)
@@ -761,7 +760,7 @@ def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
     for row, record in zip(val_rows, records):
         by_source[f"val_acc/{row.get('data_source')}"] += record["correct"]
     if len(by_source) > 1:
-        scores.update({key: float(np.mean(c)) for key, c in by_source.items()})
+        scores |= {key: float(np.mean(c)) for key, c in by_source.items()}
     return scores
 
 
@@ -978,8 +977,6 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
     """RLEP: the pool, from the phase-one checkpoint at `collect_step`; progress.jsonl lets a
     stopped collection resume."""
     out = os.path.join(cfg.out_dir, "collect")
-    pool_path = os.path.join(out, "pool.jsonl")
-    progress_path = os.path.join(out, "progress.jsonl")
     ckpt = checkpoints.checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
     successes = {}  # rank 0's: it writes the pool
 
@@ -1019,7 +1016,7 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
         # on rank 0 (the others' records are [])
         successes.update((r["id"], r["successes"]) for r in records)  # RLEP
         if d.master_process:
-            files.append_jsonl(progress_path, records)
+            files.append_jsonl(os.path.join(out, "progress.jsonl"), records)
         bar.update(len(chunk))
     bar.close()
     engine.sleep()
@@ -1032,7 +1029,7 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
             raise RunStopped(f"empty experience pool: no prompt got {cfg.min_successes} "
                              f"verified answers out of {cfg.collect_k} from {ckpt}. "
                              "Train phase one longer or raise --collect_k.")
-        data.save_pool(pool_path, pool)
+        data.save_pool(os.path.join(out, "pool.jsonl"), pool)
     # rank 0 writes it; if it is empty, every rank raises
     ranks.rank0_decides(write_pool, d)
 
@@ -1044,13 +1041,13 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
 def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict],
               engine: vllm_engine.Engine, tokenizer, end_id: int, base_path: str, d: ranks.Dist,
               val_rows: list[dict], run: RunState = None):
-    # RLEP: the pool given with --pool, else the collection's (read by rank 0, for all)
-    collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
-    pool = given_pool or ranks.rank0_decides(lambda: data.load_pool(collected), d)  # RLEP
-    rows = pool
+    # RLEP: the pool's rows, the pool given with --pool, else the collection's (read by rank 0,
+    # for all)
+    rows = given_pool or ranks.rank0_decides(
+        lambda: data.load_pool(os.path.join(cfg.out_dir, "collect", "pool.jsonl")), d)  # RLEP
     if cfg.phase2_prompts == "all":
         # control: every training prompt, with replays where the pool has some
-        pooled = {row["id"]: row["responses"] for row in pool}
+        pooled = {row["id"]: row["responses"] for row in rows}
         rows = [{**row, "responses": pooled.get(row["id"], [])} for row in train_rows]
     # RLEP: from π_θ0 (base_path), not phase one's checkpoint, with replays
     train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True,
