@@ -75,6 +75,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 import verify
@@ -186,15 +187,6 @@ presets = {
         replay_m=1, mini_batch_prompts=32, micro_batch_tokens=32768, phase1_steps=150,
         collect_step=150, collect_k=16, phase2_steps=150, val_every=10, val_k=16,
         gpu_memory_utilization=0.65),
-    # One 80 GB GPU, no torchrun, the three parts in an afternoon (docs/gpu.md: the gpu preset):
-    # the node preset at a quarter of its prompts a step and 80 steps a phase, on a fixed 2,560 of
-    # DAPO-Math-17k's prompts (two passes in phase one, as the node's 2.1). The paper's ratios:
-    # m : n = 1 : 8, 8 updates a step (9 with replays); K = 16 of 64.
-    "gpu": dict(
-        model_path="Qwen/Qwen2.5-Math-1.5B", out_dir="runs/gpu", train_prompts=2560,
-        prompts_per_step=64, n=8, replay_m=1, mini_batch_prompts=8, phase1_steps=80,
-        collect_step=80, collect_k=16, phase2_steps=80, val_every=10, val_k=8,
-        gpu_memory_utilization=0.5),
     # A tiny random Qwen2, given seconds of supervised warm-up, on 1-digit sums.
     "tiny": dict(
         model_path="builtin:tiny", train_file="builtin:tiny:train",
@@ -213,8 +205,17 @@ presets = {
         warmup_steps=0, mini_batch_prompts=4, micro_batch_size=40, micro_batch_tokens=0,
         share_prompts=True, phase1_steps=6, collect_step=6, collect_k=8, collect_chunk=0,
         phase2_steps=6, val_every=3, val_k=4, verify_mode="equivalence",
-        gradient_checkpointing=False, save_every=6, log_samples=2, progress=False),
+        gradient_checkpointing=False, save_every=6, progress=False),
 }
+# gpu: one 80 GB GPU, no torchrun, the three parts in an afternoon (docs/gpu.md: the gpu preset):
+# the node preset at a quarter of its prompts a step and 80 steps a phase, on a fixed 2,560 of
+# DAPO-Math-17k's prompts (two passes in phase one, as the node's 2.1), micro-batches of the
+# default 16,384 tokens. The paper's ratios: m : n = 1 : 8, 8 updates a step (9 with replays);
+# K = 16 of 64.
+presets["gpu"] = dict(
+    presets["node"], out_dir="runs/gpu", train_prompts=2560, prompts_per_step=64,
+    mini_batch_prompts=8, micro_batch_tokens=16384, phase1_steps=80, collect_step=80,
+    phase2_steps=80, val_k=8, gpu_memory_utilization=0.5)
 # cpu-hard: the cpu preset where replays can rescue (docs/studies.md), with the paper's K = 64
 presets["cpu-hard"] = dict(
     presets["cpu"], train_file="builtin:arith-mix:train", val_file="builtin:arith-mix:val",
@@ -237,8 +238,7 @@ def parse_config(argv=None) -> Config:
         parser.error("on GPUs, choose: --preset gpu (one 80 GB GPU), --preset node (one node of "
                      "8) or --preset paper (the paper's 64, Qwen2.5-Math-7B); their time and "
                      "memory: docs/gpu.md")
-    preset = presets[args.get("preset", Config.preset)]
-    cfg = Config(**{**preset, **args})
+    cfg = Config(**{**presets[args.get("preset", Config.preset)], **args})
     if cfg.share_prompts and cfg.micro_batch_tokens:
         # a shared row holds a whole group: it cannot be split by length
         parser.error("--share_prompts needs --micro_batch_tokens 0")
@@ -538,13 +538,12 @@ class TokenLogProbs(torch.nn.Module):
                                   position_ids=batch["position_ids"]).last_hidden_state
         # the state before each response token: (R, L, H) -> (tokens, H)
         hidden = hidden.flatten(0, 1)[batch["sources"]]
-        targets = batch["targets"]  # (tokens,)
-        logps = []
-        for i in range(0, targets.numel(), self.chunk_tokens):
-            chunk = slice(i, i + self.chunk_tokens)
-            # recomputed in backward: one chunk of logits alive at a time
-            logps.append(torch.utils.checkpoint.checkpoint(
-                self._chunk_logps, hidden[chunk], targets[chunk], use_reentrant=False))
+        # chunks of (chunk_tokens, H) and (chunk_tokens,), recomputed in backward: one chunk of
+        # logits alive at a time
+        logps = [torch.utils.checkpoint.checkpoint(self._chunk_logps, states, targets,
+                                                   use_reentrant=False)
+                 for states, targets in zip(hidden.split(self.chunk_tokens),
+                                            batch["targets"].split(self.chunk_tokens))]
         out = hidden.new_zeros(batch["completion_mask"].shape, dtype=torch.float32)  # (S, L)
         # integer positions: a boolean mask would sync with the host
         out.view(-1)[batch["completion_index"]] = torch.cat(logps)
@@ -565,43 +564,44 @@ def collate(samples: list, pad_id: int, device, share_prompts: bool = False) -> 
         members[tuple(s.prompt_ids) if share_prompts else i].append(i)
     # per row: tokens, positions, segments (0: the prompt, j: its j-th response)
     tokens, positions, segments = [], [], []
-    # per sample: the (row, column) of the state that predicts each of its tokens
+    # per sample: its row, and the columns of the states that predict its tokens
     sources = [None] * len(samples)
-    for ids in members.values():
+    for r, ids in enumerate(members.values()):
         prompt = samples[ids[0]].prompt_ids
         p = len(prompt)
-        r = len(tokens)
         tokens.append(list(prompt))
         positions.append(list(range(p)))
         segments.append([0] * p)
         for j, i in enumerate(ids):
             completion = samples[i].completion_ids
-            # state t - 1 predicts token t: the first token's is the prompt's last
             start = len(tokens[r])
-            sources[i] = [(r, p - 1)] + [(r, start + t) for t in range(len(completion) - 1)]
+            # state t - 1 predicts token t: the first token's is the prompt's last
+            sources[i] = r, [p - 1, *range(start, start + len(completion) - 1)]
             tokens[r] += completion
             # positions continue the prompt's, as vLLM numbers them
             positions[r] += range(p, p + len(completion))
             segments[r] += [j + 1] * len(completion)
     length = max(map(len, tokens))
 
-    def pad(lists, value):  # -> (R, L)
-        return torch.tensor([x + [value] * (length - len(x)) for x in lists])
+    def pad(lists, value):  # -> (len(lists), the longest)
+        return pad_sequence([torch.tensor(x) for x in lists], batch_first=True,
+                            padding_value=value)
 
     segments = pad(segments, -1)  # (R, L), -1 on padding
-    query, key = segments.unsqueeze(2), segments.unsqueeze(1)  # (R, L, 1), (R, 1, L)
-    # a token sees the prompt and its own response, causally: (R, 1, L, L)
-    attention = ((key == 0) | (key == query)).tril().unsqueeze(1)
-    if not share_prompts:
-        attention = (segments >= 0).long()  # (R, L)
-    lengths = torch.tensor([len(s.completion_ids) for s in samples])  # (S,)
-    completion_mask = torch.arange(int(lengths.max())) < lengths.unsqueeze(1)  # (S, L)
+    attention = (segments >= 0).long()  # (R, L)
+    if share_prompts:
+        query, key = segments.unsqueeze(2), segments.unsqueeze(1)  # (R, L, 1), (R, 1, L)
+        # a token sees the prompt and its own response, causally: (R, 1, L, L)
+        attention = ((key == 0) | (key == query)).tril().unsqueeze(1)
+    responses = pad([s.completion_ids for s in samples], -1)  # (S, L), -1 after each end
+    completion_mask = responses >= 0  # (S, L)
     batch = {
         "input_ids": pad(tokens, pad_id),  # (R, L)
         "position_ids": pad(positions, 0),  # (R, L)
         "attention_mask": attention,
-        "sources": torch.tensor([r * length + t for s in sources for r, t in s]),  # (tokens,)
-        "targets": torch.tensor([t for s in samples for t in s.completion_ids]),  # (tokens,)
+        # (tokens,) flat positions in (R * L)
+        "sources": torch.tensor([r * length + t for r, columns in sources for t in columns]),
+        "targets": responses[completion_mask],  # (tokens,)
         "completion_mask": completion_mask.long(),  # (S, L)
         # (tokens,) positions in (S * L), in the order of targets
         "completion_index": completion_mask.flatten().nonzero().squeeze(1),
@@ -611,8 +611,8 @@ def collate(samples: list, pad_id: int, device, share_prompts: bool = False) -> 
     batch = {key: value.to(device) for key, value in batch.items()}
     if all(s.old_logprobs is not None for s in samples):
         # π_θold, carried by the samples as their advantages are (epochs after the first)
-        batch["old_logprobs"] = torch.nn.utils.rnn.pad_sequence(
-            [s.old_logprobs for s in samples], batch_first=True)  # (S, L), 0 after the end
+        batch["old_logprobs"] = pad_sequence([s.old_logprobs for s in samples],
+                                             batch_first=True)  # (S, L), 0 after the end
     batch["samples"] = samples
     # the rows' real tokens: what the forward costs
     batch["row_tokens"] = sum(map(len, tokens))
@@ -627,8 +627,9 @@ def build_policy(path: str, cfg: Config, d: ranks.Dist):
     # deviation: under torchrun a bf16 run gathers bf16 weights (verl's default: half the bytes)
     # and reduces gradients in fp32; it doubles the gap between 2 ranks and 1 (docs/paper.md, 1)
     fsdp.shard(policy, model, d, gather_bf16=cfg.dtype == "bfloat16")
-    # fused: one kernel for all parameters (CPU's default loops over them)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, betas=(0.9, 0.999),
+    # fused: one kernel for all parameters (CPU's default loops over them); betas (0.9, 0.999),
+    # AdamW's default, as verl's
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr,
                                   weight_decay=cfg.weight_decay, fused=True)
     return policy, optimizer
 
@@ -639,8 +640,7 @@ def plan_mini_batches(num_prompts: int, num_updates: int, epoch: int,
     order step_prompts already shuffled, whole groups, replays included (RLEP's 9 runs of 56 or
     57 of 512). The runs do not depend on W (the update is the same on any number of ranks);
     later epochs take them in another seeded order."""
-    positions = np.arange(num_prompts)
-    runs = np.array_split(positions, num_updates)
+    runs = np.array_split(np.arange(num_prompts), num_updates)  # of positions
     if epoch == 0:
         return runs
     order = np.random.default_rng(seed).permutation(num_updates)
@@ -760,7 +760,7 @@ def validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step) -> dict:
     for row, record in zip(val_rows, records):
         by_source[f"val_acc/{row.get('data_source')}"] += record["correct"]
     if len(by_source) > 1:
-        scores.update({key: float(np.mean(c)) for key, c in by_source.items()})
+        scores |= {key: float(np.mean(c)) for key, c in by_source.items()}
     return scores
 
 
@@ -977,8 +977,6 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
     """RLEP: the pool, from the phase-one checkpoint at `collect_step`; progress.jsonl lets a
     stopped collection resume."""
     out = os.path.join(cfg.out_dir, "collect")
-    pool_path = os.path.join(out, "pool.jsonl")
-    progress_path = os.path.join(out, "progress.jsonl")
     ckpt = checkpoints.checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
     successes = {}  # rank 0's: it writes the pool
 
@@ -1018,7 +1016,7 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
         # on rank 0 (the others' records are [])
         successes.update((r["id"], r["successes"]) for r in records)  # RLEP
         if d.master_process:
-            files.append_jsonl(progress_path, records)
+            files.append_jsonl(os.path.join(out, "progress.jsonl"), records)
         bar.update(len(chunk))
     bar.close()
     engine.sleep()
@@ -1031,7 +1029,7 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
             raise RunStopped(f"empty experience pool: no prompt got {cfg.min_successes} "
                              f"verified answers out of {cfg.collect_k} from {ckpt}. "
                              "Train phase one longer or raise --collect_k.")
-        data.save_pool(pool_path, pool)
+        data.save_pool(os.path.join(out, "pool.jsonl"), pool)
     # rank 0 writes it; if it is empty, every rank raises
     ranks.rank0_decides(write_pool, d)
 
@@ -1043,13 +1041,13 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
 def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict],
               engine: vllm_engine.Engine, tokenizer, end_id: int, base_path: str, d: ranks.Dist,
               val_rows: list[dict], run: RunState = None):
-    # RLEP: the pool given with --pool, else the collection's (read by rank 0, for all)
-    collected = os.path.join(cfg.out_dir, "collect", "pool.jsonl")
-    pool = given_pool or ranks.rank0_decides(lambda: data.load_pool(collected), d)  # RLEP
-    rows = pool
+    # RLEP: the pool's rows, the pool given with --pool, else the collection's (read by rank 0,
+    # for all)
+    rows = given_pool or ranks.rank0_decides(
+        lambda: data.load_pool(os.path.join(cfg.out_dir, "collect", "pool.jsonl")), d)  # RLEP
     if cfg.phase2_prompts == "all":
         # control: every training prompt, with replays where the pool has some
-        pooled = {row["id"]: row["responses"] for row in pool}
+        pooled = {row["id"]: row["responses"] for row in rows}
         rows = [{**row, "responses": pooled.get(row["id"], [])} for row in train_rows]
     # RLEP: from π_θ0 (base_path), not phase one's checkpoint, with replays
     train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True,
