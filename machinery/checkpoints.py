@@ -46,9 +46,7 @@ def complete_checkpoints(part_dir: str) -> list[int]:
 def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
     """(step, folder) of the newest complete checkpoint, or (0, None)."""
     steps = complete_checkpoints(part_dir)
-    if not steps:
-        return 0, None
-    return steps[-1], checkpoint_path(part_dir, steps[-1])
+    return (steps[-1], checkpoint_path(part_dir, steps[-1])) if steps else (0, None)
 
 
 def write_record(folder: str, step: int):
@@ -79,7 +77,7 @@ def damage(folder: str, weights_only: bool = False) -> str:
     if not weights_only and "trainer_state.pt" not in listed:
         return "checkpoint.json does not list its trainer_state.pt"
     for name, size in listed.items():
-        if weights_only and (name.startswith("optimizer") or name == "trainer_state.pt"):
+        if weights_only and name.startswith(("optimizer", "trainer_state.pt")):
             continue
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
@@ -239,7 +237,7 @@ def protected_steps(cfg, part: str) -> set[int]:
 def save_plan(cfg, part: str) -> list[int]:
     """The steps a part saves (cfg: phase1_steps, phase2_steps, save_every, collect_step): every
     save_every-th and its last; phase one also collect_step, which the collection reads."""
-    steps = cfg.phase1_steps if part == "phase1" else cfg.phase2_steps
+    steps = getattr(cfg, f"{part}_steps")
     # the protected step: phase one's collect_step
     plan = (set(range(cfg.save_every, steps + 1, cfg.save_every)) | {steps}
             | protected_steps(cfg, part))
