@@ -51,12 +51,12 @@ def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
 
 def write_record(folder: str, step: int):
     """checkpoint.json: the step and every file of the folder with its size, written last."""
-    sizes = {os.path.relpath(os.path.join(root, name), folder):
-             os.path.getsize(os.path.join(root, name))
-             for root, _, names in os.walk(folder) for name in names
-             if name != "checkpoint.json"}
+    # sorted: in the order of their names within the folder
+    paths = sorted(os.path.join(root, name) for root, _, names in os.walk(folder)
+                   for name in names if name != "checkpoint.json")
+    sizes = {os.path.relpath(path, folder): os.path.getsize(path) for path in paths}
     write_atomic(os.path.join(folder, "checkpoint.json"),
-                 json.dumps({"step": step, "files": dict(sorted(sizes.items()))}, indent=1))
+                 json.dumps({"step": step, "files": sizes}, indent=1))
 
 
 def damage(folder: str, weights_only: bool = False) -> str:
