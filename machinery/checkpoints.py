@@ -8,6 +8,7 @@ import errno
 import glob
 import json
 import os
+import re
 import shutil
 import traceback
 from dataclasses import asdict
@@ -30,10 +31,10 @@ def checkpoint_path(part_dir: str, step: int) -> str:
 def step_folders(part_dir: str) -> list[int]:
     """The steps of a part's step_NNNNNN folders, oldest first (a save cut short left only a
     `.tmp` folder, which is not one)."""
-    # glob finds nothing in a folder not there yet
-    names = [name[len("step_"):] for name in glob.glob("step_*", root_dir=part_dir)]
-    # ASCII digits: str.isdigit takes "²", which int() refuses
-    return sorted(int(number) for number in names if number.isascii() and number.isdigit())
+    # glob finds nothing in a folder not there yet; ASCII digits: \d and str.isdigit take "²",
+    # which int() refuses
+    return sorted(int(name[len("step_"):]) for name in glob.glob("step_*", root_dir=part_dir)
+                  if re.fullmatch("step_[0-9]+", name))
 
 
 def complete_checkpoints(part_dir: str) -> list[int]:
@@ -46,7 +47,9 @@ def complete_checkpoints(part_dir: str) -> list[int]:
 def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
     """(step, folder) of the newest complete checkpoint, or (0, None)."""
     steps = complete_checkpoints(part_dir)
-    return (steps[-1], checkpoint_path(part_dir, steps[-1])) if steps else (0, None)
+    if not steps:
+        return 0, None
+    return steps[-1], checkpoint_path(part_dir, steps[-1])
 
 
 def write_record(folder: str, step: int):
@@ -77,7 +80,7 @@ def damage(folder: str, weights_only: bool = False) -> str:
     if not weights_only and "trainer_state.pt" not in listed:
         return "checkpoint.json does not list its trainer_state.pt"
     for name, size in listed.items():
-        if weights_only and name.startswith(("optimizer", "trainer_state.pt")):
+        if weights_only and (name.startswith("optimizer") or name == "trainer_state.pt"):
             continue
         path = os.path.join(folder, name)
         if not os.path.isfile(path):
