@@ -22,18 +22,6 @@ chat_examples = [{"role": "system", "content": ""},
                  {"role": "assistant", "content": "6 * 13 = 78.\nAnswer: 78"}]
 
 
-def chat_rows(problems: dict, prefix: str, kind: str = None) -> list[dict]:
-    """Rows of the cpu presets' chat: chat_examples, then the question. problems: {question:
-    answer}; a kind, where given, is each row's data_source."""
-    rows = []
-    for i, (question, answer) in enumerate(problems.items()):
-        problem = f"What is {question}?"
-        rows.append({"id": f"{prefix}-{i}", "problem": problem,
-                     "prompt": chat_examples + [{"role": "user", "content": problem}],
-                     **({"data_source": kind} if kind else {}), "answer": str(answer)})
-    return rows
-
-
 # the kinds of problem (arith's are the first two), easiest first: (first operand, second
 # operand) ranges
 mix_kinds = {"sum-2d": ("+", (10, 100), (10, 100)), "product-1x2d": ("*", (2, 10), (11, 100)),
@@ -41,15 +29,20 @@ mix_kinds = {"sum-2d": ("+", (10, 100), (10, 100)), "product-1x2d": ("*", (2, 10
              "product-1x3d": ("*", (2, 10), (100, 1000))}
 
 
-def drawn_problems(rng, count: int, kind) -> dict:
-    """count distinct problems, {"a op b": its value}: each of the kind (a key of mix_kinds) that
-    kind() names, drawn by rng, and drawn again until it is new."""
+def drawn_rows(rng, count: int, kind, prefix: str, source: str = None) -> list[dict]:
+    """count rows of distinct problems in the cpu presets' chat (chat_examples, then the
+    question), ids prefix-0, prefix-1, ...: each problem of the kind (a key of mix_kinds) that
+    kind() names, drawn by rng, and drawn again until it is new; a source, where given, is each
+    row's data_source."""
     problems = {}
     while len(problems) < count:
         op, first, second = mix_kinds[kind()]
         a, b = int(rng.integers(*first)), int(rng.integers(*second))
-        problems[f"{a} {op} {b}"] = a + b if op == "+" else a * b
-    return problems
+        problems[f"What is {a} {op} {b}?"] = a + b if op == "+" else a * b
+    return [{"id": f"{prefix}-{i}", "problem": problem,
+             "prompt": chat_examples + [{"role": "user", "content": problem}],
+             **({"data_source": source} if source else {}), "answer": str(answer)}
+            for i, (problem, answer) in enumerate(problems.items())]
 
 
 def builtin_rows(name: str) -> list[dict]:
@@ -70,14 +63,13 @@ def builtin_rows(name: str) -> list[dict]:
         splits = {"val": rows[:30], "train": rows[30:]}
     elif task == "arith":
         # a sum or a product, as a coin falls
-        problems = drawn_problems(rng, 128,
-                                  lambda: "sum-2d" if rng.random() < 0.5 else "product-1x2d")
-        rows = chat_rows(problems, "arith")
+        rows = drawn_rows(rng, 128, lambda: "sum-2d" if rng.random() < 0.5 else "product-1x2d",
+                          "arith")
         splits = {"train": rows[:64], "val": rows[64:]}
     elif task == "arith-mix":
         splits = {"train": [], "val": []}
         for kind in mix_kinds:
-            rows = chat_rows(drawn_problems(rng, 32, lambda: kind), f"mix-{kind}", kind)
+            rows = drawn_rows(rng, 32, lambda: kind, f"mix-{kind}", kind)
             splits["train"] += rows[:16]
             splits["val"] += rows[16:]
     if split not in splits:
@@ -119,27 +111,27 @@ def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: 
     torch.manual_seed(seed)
     # Byte-level BPE without merges. transformers and vLLM load any qwen2 folder's tokenizer as
     # Qwen2Tokenizer, so building it as one makes every loader agree.
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    vocab = sorted(pre_tokenizers.ByteLevel.alphabet()) + specials
-    chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-                     "{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-    tokenizer = Qwen2Tokenizer(vocab={t: i for i, t in enumerate(vocab)}, merges=[],
-                               eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                               extra_special_tokens=["<|im_start|>"],
-                               chat_template=chat_template)
+    # the bytes' characters, then the special tokens
+    vocab = {token: i for i, token in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet())
+                                                + ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])}
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab, merges=[], eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        extra_special_tokens=["<|im_start|>"],
+        chat_template=("{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+                       "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                       "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"))
+    # Qwen2Config's defaults: an untied head, no BOS token
     model = Qwen2ForCausalLM(Qwen2Config(
         vocab_size=len(vocab), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id))
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
     # the format, not the answers
     rows = builtin_rows("builtin:tiny:train") + builtin_rows("builtin:tiny:val")
     examples = []
     for row in rows:
+        # transformers 5 renders and returns a dict (return_dict's default)
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": row["problem"]}],
-                                               add_generation_prompt=True,
-                                               return_dict=True)["input_ids"]
+                                               add_generation_prompt=True)["input_ids"]
         answer = tokenizer(f"Answer: {row['answer']}<|im_end|>")["input_ids"]
         # the loss on the answer only
         examples.append((prompt + answer, [-100] * len(prompt) + answer))
@@ -149,8 +141,7 @@ def build_tiny_model(out_dir: str, seed: int = 0, steps: int = 300, batch_size: 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     for step, batch in enumerate(torch.tensor(examples)[drawn]):
         # cosine to zero: where we stop does not hang on one lucky step
-        for group in optimizer.param_groups:
-            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+        optimizer.param_groups[0]["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
         model(input_ids=batch[:, 0], labels=batch[:, 1]).loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -8,6 +8,7 @@ import errno
 import glob
 import json
 import os
+import re
 import shutil
 import traceback
 from dataclasses import asdict
@@ -30,10 +31,10 @@ def checkpoint_path(part_dir: str, step: int) -> str:
 def step_folders(part_dir: str) -> list[int]:
     """The steps of a part's step_NNNNNN folders, oldest first (a save cut short left only a
     `.tmp` folder, which is not one)."""
-    # glob finds nothing in a folder not there yet
-    names = [name[len("step_"):] for name in glob.glob("step_*", root_dir=part_dir)]
-    # ASCII digits: str.isdigit takes "²", which int() refuses
-    return sorted(int(number) for number in names if number.isascii() and number.isdigit())
+    # glob finds nothing in a folder not there yet; ASCII digits: \d and str.isdigit take "²",
+    # which int() refuses
+    return sorted(int(name[len("step_"):]) for name in glob.glob("step_*", root_dir=part_dir)
+                  if re.fullmatch("step_[0-9]+", name))
 
 
 def complete_checkpoints(part_dir: str) -> list[int]:
@@ -53,12 +54,12 @@ def latest_checkpoint(part_dir: str) -> tuple[int, str | None]:
 
 def write_record(folder: str, step: int):
     """checkpoint.json: the step and every file of the folder with its size, written last."""
-    sizes = {os.path.relpath(os.path.join(root, name), folder):
-             os.path.getsize(os.path.join(root, name))
-             for root, _, names in os.walk(folder) for name in names
-             if name != "checkpoint.json"}
+    # sorted: in the order of their names within the folder
+    paths = sorted(os.path.join(root, name) for root, _, names in os.walk(folder)
+                   for name in names if name != "checkpoint.json")
+    sizes = {os.path.relpath(path, folder): os.path.getsize(path) for path in paths}
     write_atomic(os.path.join(folder, "checkpoint.json"),
-                 json.dumps({"step": step, "files": dict(sorted(sizes.items()))}, indent=1))
+                 json.dumps({"step": step, "files": sizes}, indent=1))
 
 
 def damage(folder: str, weights_only: bool = False) -> str:
@@ -107,9 +108,9 @@ def resume_point(part_dir: str) -> tuple[int, str | None, int]:
     training rows' pass, which dynamic sampling can run ahead of the step); a checkpoint older
     than --dynamic_sampling: the step."""
     step, folder = latest_checkpoint(part_dir)
-    if folder is None:
-        return step, folder, step
-    state = torch.load(os.path.join(folder, "trainer_state.pt"), map_location="cpu")
+    # no checkpoint: step 0, at round 0
+    state = (torch.load(os.path.join(folder, "trainer_state.pt"), map_location="cpu") if folder
+             else {})
     return step, folder, state.get("prompt_round", step)
 
 
@@ -140,17 +141,16 @@ def prune_checkpoints(part_dir: str, keep: int, protected: set[int]):
 def leftovers(out_dir: str) -> list[str]:
     """A stopped prune's `step_*.deleting` folders and a stopped save's `step_*.tmp`: dead
     weight, which the disk check counts as free."""
-    return [os.path.join(out_dir, part, name) for part in ("phase1", "phase2")
-            for name in sorted(glob.glob("step_*", root_dir=os.path.join(out_dir, part)))
+    return [os.path.join(out_dir, name)
+            for name in sorted(glob.glob("phase[12]/step_*", root_dir=out_dir))
             if name.endswith((".deleting", ".tmp"))]
 
 
 def remove_leftovers(out_dir: str):
     """The leftovers, removed by rank 0 before the run writes."""
-    found = leftovers(out_dir)
-    for folder in found:
-        shutil.rmtree(folder)
-    if found:
+    if found := leftovers(out_dir):
+        for folder in found:
+            shutil.rmtree(folder)
         names = ", ".join(os.path.relpath(f, out_dir) for f in found)
         print(f"removed what a stopped save or prune left: {names}", flush=True)
 
@@ -185,34 +185,28 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
                  checkpoint_id=os.path.join(tmp, "optimizer"))
         if d.master_process:
             # data order and replay draws derive from the step; the RNG state is kept for safety
-            state = {"step": step, "torch_rng": torch.get_rng_state(),
-                     # the next step's first round of prompts (resume_point)
-                     "prompt_round": step if prompt_round is None else prompt_round}
-            torch.save(state, os.path.join(tmp, "trainer_state.pt"))
+            torch.save({"step": step, "torch_rng": torch.get_rng_state(),
+                        # the next step's first round of prompts (resume_point)
+                        "prompt_round": step if prompt_round is None else prompt_round},
+                       os.path.join(tmp, "trainer_state.pt"))
             # last: the record that makes it whole
             write_record(tmp, step)
     except BaseException as e:  # DCP's CheckpointException is one, not an Exception
-        if not disk_full(e):
+        # ENOSPC, raised as it is (an OSError's text holds its strerror) or inside a library's
+        # error (safetensors', DCP's, which carries each rank's in its text)
+        if os.strerror(errno.ENOSPC) not in "".join(traceback.format_exception(e)):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
-        params = sum(p.numel() for p in policy.parameters())
-        free = shutil.disk_usage(part_dir).free
         raise RunStopped(f"{part_dir}: the disk filled during step {step}'s save: a checkpoint "
-                         f"needs about {12 * params / 1e9:.1f} GB, {free / 1e9:.1f} GB are free; "
-                         "free some, then --resume (the newest whole checkpoint is kept)") from None
+                         f"needs about {12 * sum(p.numel() for p in policy.parameters()) / 1e9:.1f}"
+                         f" GB, {shutil.disk_usage(part_dir).free / 1e9:.1f} GB are free; free "
+                         "some, then --resume (the newest whole checkpoint is kept)") from None
     if d.master_process:
         # the same step saved again after a resume
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         prune_checkpoints(part_dir, cfg.keep_checkpoints, protected)
     barrier(d)
-
-
-def disk_full(error: BaseException) -> bool:
-    """ENOSPC, raised as it is or inside a library's error (safetensors', DCP's, which carries
-    each rank's in its text)."""
-    return (isinstance(error, OSError) and error.errno == errno.ENOSPC) \
-        or os.strerror(errno.ENOSPC) in "".join(traceback.format_exception(error))
 
 
 def divergence_line(part_dir: str, step: int, grad_norm: float, lr: float) -> str:
@@ -233,8 +227,8 @@ def load_trainer_state(ckpt: str, policy, optimizer):
     state = {"optimizer": get_optimizer_state_dict(policy, optimizer)}
     dcp.load(state, checkpoint_id=os.path.join(ckpt, "optimizer"))
     set_optimizer_state_dict(policy, optimizer, state["optimizer"])
-    trainer_state = torch.load(os.path.join(ckpt, "trainer_state.pt"), map_location="cpu")
-    torch.set_rng_state(trainer_state["torch_rng"])
+    torch.set_rng_state(torch.load(os.path.join(ckpt, "trainer_state.pt"),
+                                   map_location="cpu")["torch_rng"])
 
 
 def protected_steps(cfg, part: str) -> set[int]:
@@ -246,7 +240,7 @@ def protected_steps(cfg, part: str) -> set[int]:
 def save_plan(cfg, part: str) -> list[int]:
     """The steps a part saves (cfg: phase1_steps, phase2_steps, save_every, collect_step): every
     save_every-th and its last; phase one also collect_step, which the collection reads."""
-    steps = cfg.phase1_steps if part == "phase1" else cfg.phase2_steps
+    steps = getattr(cfg, f"{part}_steps")
     # the protected step: phase one's collect_step
     plan = (set(range(cfg.save_every, steps + 1, cfg.save_every)) | {steps}
             | protected_steps(cfg, part))
