@@ -923,7 +923,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         if cfg.val_every and (step + 1) % cfg.val_every == 0:
             with clock("validation", run.spent):
                 scores = validate(engine, tokenizer, val_rows, cfg, stop_ids, d, step=step + 1)
-        run.spent.update(times)
+        run.spent.update(times)  # a Counter: the step's seconds added
         # metrics.jsonl, W&B, samples.jsonl and the step's line
         groups = list(my_groups.values())
         step_times = {f"t_{activity}": seconds for activity, seconds in times.items()}
