@@ -23,22 +23,23 @@ def model_folder(path: str, cache_dir: str, build: bool = True) -> str:
         return builtin.model_folder(path, cache_dir, build)
     if not re.fullmatch(r"[\w.-]+/[\w.-]+", path) or os.path.exists(path):
         return path
-    from huggingface_hub import snapshot_download
     # what transformers and vLLM read: config, tokenizer, safetensors weights
-    folder = fetch(f"{path}: cannot fetch it from the hub", snapshot_download, path,
-                   allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
-    commits[path] = os.path.basename(folder)
-    return folder
+    return snapshot(path, "cannot fetch it from the hub", path,
+                    ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"])
 
 
-def fetch(refusal: str, download, *args, **kwargs) -> str:
-    """download(*args, **kwargs), or the refusal and why not: offline and not cached, no such
-    repository, revision or file, no network."""
+def snapshot(name: str, refusal: str, repo: str, patterns: list, **where) -> str:
+    """The snapshot folder of `repo`'s files that match `patterns`, fetched; its name, the
+    commit, is recorded as `name`'s. Or the refusal and why not: offline and not cached, no such
+    repository or revision, no network."""
+    from huggingface_hub import snapshot_download
     try:
-        return download(*args, **kwargs)
+        folder = snapshot_download(repo, allow_patterns=patterns, **where)
     except Exception as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise UserError(f"{refusal} ({reason})") from None
+        raise UserError(f"{name}: {refusal} ({reason})") from None
+    commits[name] = os.path.basename(folder)
+    return folder
 
 
 def local_file(path: str, cache_dir: str) -> str:
@@ -47,25 +48,22 @@ def local_file(path: str, cache_dir: str) -> str:
     then joined in name order into cache_dir, once."""
     if not path.startswith("hf://"):
         return path
-    from huggingface_hub import hf_hub_download, parse_hf_uri, snapshot_download
+    from huggingface_hub import parse_hf_uri
     try:
         uri = parse_hf_uri(path)
     except ValueError:
         uri = None
     if uri is None or uri.type != "dataset" or not uri.path_in_repo:
         raise UserError(f"{path}: a hub data file is hf://datasets/ORG/NAME[@REVISION]/PATH")
-    name, where = uri.path_in_repo, dict(repo_type="dataset", revision=uri.revision)
-    refusal = f"{path}: cannot fetch it"
-    if not name.endswith(".part-*"):
-        local = fetch(refusal, hf_hub_download, uri.id, name, **where)
-        # .../snapshots/COMMIT/PATH
-        commits[path] = os.path.basename(local[:-len(name) - 1])
-        return local
-    folder = fetch(refusal, snapshot_download, uri.id, allow_patterns=[name], **where)
-    commits[path] = os.path.basename(folder)
-    pieces = sorted(glob.glob(os.path.join(folder, glob.escape(name[:-1]) + "*")))
+    name = uri.path_in_repo
+    folder = snapshot(path, "cannot fetch it", uri.id, [name], repo_type="dataset",
+                      revision=uri.revision)
+    # PATH is the pattern the fetch took (fnmatch's, as glob's): the file, or its pieces
+    pieces = sorted(glob.glob(os.path.join(folder, name)))
     if not pieces:
-        raise UserError(f"{path}: no such pieces in {uri.id}")
+        raise UserError(f"{path}: cannot fetch it (no such file in {uri.id})")
+    if not name.endswith(".part-*"):
+        return pieces[0]
     # the snapshot's folder name is its commit: another revision joins anew
     joined = os.path.join(cache_dir, "hub", uri.id.replace("/", "--"), commits[path],
                           name[:-len(".part-*")])
