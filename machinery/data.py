@@ -14,13 +14,6 @@ from machinery.files import read_jsonl, write_atomic
 from machinery.hub import local_file
 
 
-def answer_text(answer) -> str:
-    """A gold answer as the verifier reads it: a whole float as an integer (3.0: "3")."""
-    if isinstance(answer, float) and answer.is_integer():
-        answer = int(answer)
-    return str(answer)
-
-
 # a row's text, at most: a prompt is cut to --max_prompt_len tokens anyway; the tokenizer takes
 # seconds a million characters and aborts the process on 50 MB
 max_text = 1_000_000
@@ -28,34 +21,6 @@ max_text = 1_000_000
 
 # the keys a row is read from (a parquet file's other columns are not read)
 row_columns = {"id", "problem", "answer", "prompt", "reward_model", "responses", "data_source"}
-
-
-def normalize_row(raw: dict, where: str) -> dict:
-    """A DAPO row or {"problem", "answer" [, "prompt", "responses", "data_source"]}, checked by
-    its schema, in our keys."""
-    # pydantic only where rows are read (machinery/schema.py)
-    from machinery.schema import DapoRow, Row, ValidationError, schema_error
-    if not isinstance(raw, dict):
-        raise UserError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-    try:
-        if "reward_model" in raw:
-            dapo = DapoRow.model_validate(raw)
-            row = Row(id=dapo.id, problem=dapo.prompt[-1].content, prompt=dapo.prompt,
-                      answer=dapo.reward_model.ground_truth, data_source=dapo.data_source,
-                      responses=dapo.reward_model.candidates)
-        else:
-            row = Row.model_validate(raw)
-    except ValidationError as e:
-        raise schema_error(e, where) from None
-    length = len(row.problem) + sum(len(m.content) for m in row.prompt or [])
-    if length > max_text:
-        raise UserError(f"{where}: its problem and prompt hold {length:,} characters, over "
-                        f"{max_text:,} (the tokenizer would abort on tens of millions)")
-    row_id = row.id if row.id not in (None, "") else hashlib.sha1(
-        row.problem.encode()).hexdigest()[:12]
-    # the fields given, in Row's order, the prompt's messages as dicts
-    return {"id": str(row_id), **row.model_dump(exclude={"id"}, exclude_none=True),
-            "answer": answer_text(row.answer)}
 
 
 def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> list[dict]:
@@ -66,6 +31,8 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
     DAPO row without candidates is left out, and the rows left out are counted in a line."""
     if path.startswith("builtin:"):
         return builtin_rows(path)
+    # pydantic only where rows are read (machinery/schema.py)
+    from machinery.schema import DapoRow, Row, ValidationError, schema_error
     local = local_file(path, cache_dir)
     if not os.path.isfile(local):
         raise UserError(f"{path}: no such data file")
@@ -78,18 +45,43 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
     first_of_id = {}
     for i, raw in file_rows(local, path):
         where = f"{path}: row {i}"
-        row = normalize_row(raw, where)
-        if pool and not row.get("responses"):
+        if not isinstance(raw, dict):
+            raise UserError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+        # a DAPO row or {"problem", "answer" [, "prompt", "responses", "data_source"]}, checked
+        # by its schema, in our keys
+        try:
+            if "reward_model" in raw:
+                dapo = DapoRow.model_validate(raw)
+                row = Row(id=dapo.id, problem=dapo.prompt[-1].content, prompt=dapo.prompt,
+                          answer=dapo.reward_model.ground_truth, data_source=dapo.data_source,
+                          responses=dapo.reward_model.candidates)
+            else:
+                row = Row.model_validate(raw)
+        except ValidationError as e:
+            raise schema_error(e, where) from None
+        length = len(row.problem) + sum(len(m.content) for m in row.prompt or [])
+        if length > max_text:
+            raise UserError(f"{where}: its problem and prompt hold {length:,} characters, over "
+                            f"{max_text:,} (the tokenizer would abort on tens of millions)")
+        if pool and not row.responses:
             if "reward_model" not in raw:
                 raise UserError(f"{where}: no 'responses' (a pool row carries its prompt's "
                                 "verified answers, a non-empty list)")
             left_out += 1
             continue
-        first, problem = first_of_id.setdefault(row["id"], (i, row["problem"]))
-        if problem != row["problem"]:
-            raise UserError(f"{path}: rows {first} and {i}: both have id {row['id']!r}, with "
+        row_id = str(row.id if row.id not in (None, "") else hashlib.sha1(
+            row.problem.encode()).hexdigest()[:12])
+        first, problem = first_of_id.setdefault(row_id, (i, row.problem))
+        if problem != row.problem:
+            raise UserError(f"{path}: rows {first} and {i}: both have id {row_id!r}, with "
                             "other problems (the collection pools answers by id)")
-        rows.setdefault(row["problem"], row)
+        # a gold answer as the verifier reads it: a whole float as an integer (3.0: "3")
+        answer = row.answer
+        if isinstance(answer, float) and answer.is_integer():
+            answer = int(answer)
+        # the fields given, in Row's order, the prompt's messages as dicts
+        fields = row.model_dump(exclude={"id"}, exclude_none=True)
+        rows.setdefault(row.problem, {"id": row_id, **fields, "answer": str(answer)})
     if left_out:
         print(f"{path}: {left_out} rows without reward_model.candidates left out of the pool",
               flush=True)
@@ -102,12 +94,12 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
 def unique_keys(pairs: list) -> dict:
     """A JSON object, each of its keys once: json keeps a repeated key's last value without a
     word ({"answer": "2", "answer": "3"} would be graded against "3")."""
-    keys = set()
-    for key, _ in pairs:
-        if key in keys:
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
             raise UserError(f"the key {key!r} twice: keep one")
-        keys.add(key)
-    return dict(pairs)
+        obj[key] = value
+    return obj
 
 
 def jsonl_rows(path: str, name: str):
@@ -159,8 +151,8 @@ def save_pool(path: str, rows: list[dict]):
 def read_collection(out: str) -> tuple[bool, dict]:
     """A collection folder's state: whether pool.jsonl is written, and {prompt id: its verified
     answers} of the prompts done so far."""
-    done = read_jsonl(os.path.join(out, "progress.jsonl"))
-    successes = {row["id"]: row["successes"] for row in done}
+    successes = {row["id"]: row["successes"]
+                 for row in read_jsonl(os.path.join(out, "progress.jsonl"))}
     return os.path.isfile(os.path.join(out, "pool.jsonl")), successes
 
 

@@ -98,8 +98,7 @@ def hold_run_folder(out_dir: str):
                         "process writes a run; wait for it to end, or stop it") from None
     with open(path, "w") as f:
         f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
-    # an earlier main's folder, in this process, is let go
-    for earlier in held_folder.values():
-        earlier.release()
-    held_folder.clear()
+    # an earlier main's folder, in this process, is let go (it holds one at most)
+    if held_folder:
+        held_folder.popitem()[1].release()
     held_folder[path] = lock

@@ -1,6 +1,7 @@
 """A data row's schema, checked by pydantic: what each field must be, and a refusal that names the
 file, the row and the field. Imported only where rows are read (machinery/data.py): a script that
 reads no file (benchmarks/bench_trainer.py on a GPU image without pydantic) never needs it."""
+import reprlib
 from typing import Annotated, Literal
 
 from pydantic import (AfterValidator, AllowInfNan, BaseModel, Field, StrictFloat, StrictInt,
@@ -76,6 +77,5 @@ def schema_error(error: ValidationError, where: str) -> UserError:
         return UserError(f"{where}: responses/candidates must be a list of strings")
     # a list's member (prompt.0): the other lists are of strings, named above
     rule = rules.get(path[-1], "a {role, content} message")
-    shown = repr(first["input"])
-    shown = shown if len(shown) <= 40 else shown[:37] + "..."
-    return UserError(f"{where}: '{name}' must be {rule}, not {shown}")
+    # the value as reprlib shows it: a long text or list cut short, with "..."
+    return UserError(f"{where}: '{name}' must be {rule}, not {reprlib.repr(first['input'])}")
