@@ -52,7 +52,7 @@ def setup_distributed(timeout_minutes: int = 180) -> Dist:
 def end_rank(error: BaseException):
     """A rank's stop under torchrun, of any kind but Ctrl-C (every rank's; rank 0 says where it
     stopped): bad input (exit 2), a run that cannot go on (exit 1), an unexpected error (its
-    traceback first, exit 1); SIGTERM's is interrupts.end_rank_on_sigterm. One line naming the
+    traceback first, exit 1); SIGTERM's is interrupts.catch_stops. One line naming the
     rank, then the process ends at once, before any teardown: the stop may be this rank's alone (a
     full disk in rank 0's save while the others wait in a barrier), vLLM's shutdown and
     destroy_process_group can wait on ranks stuck in a collective (NCCL's abort: pytorch#132696),
