@@ -33,9 +33,7 @@ def catch_stops(script: str = ""):
         signal.signal(signal.SIGTERM, ask_to_stop)
     elif not script:  # once, from the first line
         def end(*_):
-            print(f"rlep.py: rank {os.environ['RANK']} stopped: SIGTERM", file=sys.stderr,
-                  flush=True)
-            os._exit(143)
+            end_at_once(f"rlep.py: rank {os.environ['RANK']} stopped: SIGTERM", 143)
 
         def wait():
             while os.read(read, 1)[0] != signal.SIGTERM:  # Ctrl-C's, here for KeyboardInterrupt
@@ -54,11 +52,18 @@ def ask_to_stop(signum, frame):
     stop["why"] = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
     if not stop["script"]:  # still importing: nothing is written yet
         name = os.path.basename(sys.argv[0])
-        print(f"{name}: stopped ({stop['why']}) while starting; nothing written",
-              file=sys.stderr, flush=True)
-        os._exit(128 + signum)  # the shell's code of a signal's end: 130 (Ctrl-C), 143 (SIGTERM)
+        # the shell's code of a signal's end: 130 (Ctrl-C), 143 (SIGTERM)
+        end_at_once(f"{name}: stopped ({stop['why']}) while starting; nothing written",
+                    128 + signum)
     if again or not stop["deferred"]:
-        raise KeyboardInterrupt(stop["why"])
+        stop_if_asked()
+
+
+def end_at_once(line: str, code: int):
+    """One line, then the process's end at once, before any teardown or exit handler: the stops
+    that cannot wait (while starting, a rank's SIGTERM, a rank's stop: ranks.end_rank)."""
+    print(line, file=sys.stderr, flush=True)
+    os._exit(code)
 
 
 def stop_if_asked():
@@ -106,14 +111,15 @@ def end_on_stop(error: BaseException, cfg, argv: list, where: str):
             command = shlex.join([sys.argv[0], *argv] + ([] if cfg.resume else ["--resume"]))
             said = f"saved in {cfg.out_dir}: {saved}; continue with: {launcher} {command}"
         return f"rlep.py: stopped ({why}) in {where}; {said}"
-    end(error, line)
+    end(line)
 
 
-def end(error: BaseException, line):
+def end(line):
     """A stopped script's end: line(why) on rank 0, exit 130 (Ctrl-C) or 143 (SIGTERM); a plain
-    process runs its exit handlers and skips Python's teardown. why: the stop asked for, else the
-    error's text, else Ctrl-C (Python's default handler raised it: a torchrun rank's)."""
-    why = stop["why"] or str(error) or "Ctrl-C"
+    process runs its exit handlers and skips Python's teardown. why: the stop asked for (every
+    KeyboardInterrupt of ask_to_stop's and stop_if_asked's), else Ctrl-C (Python's default
+    handler raised it: a torchrun rank's)."""
+    why = stop["why"] or "Ctrl-C"
     if os.environ.get("RANK", "0") == "0":
         print(line(why), file=sys.stderr, flush=True)
     code = 143 if why == "SIGTERM" else 130
@@ -124,7 +130,7 @@ def end(error: BaseException, line):
     os._exit(code)
 
 
-def end_eval(error: KeyboardInterrupt):
+def end_eval():
     """eval.py's end after a stop: what it sampled is kept, and the same command continues."""
-    end(error, lambda why: f"eval.py: stopped ({why}); the problems sampled so far are kept "
+    end(lambda why: f"eval.py: stopped ({why}); the problems sampled so far are kept "
         "(samples.jsonl): the same command continues")
