@@ -48,7 +48,7 @@ def catch_stops(script: str = ""):
 
 def ask_to_stop(signum, frame):
     """The handler of SIGINT and SIGTERM; a second one stops a save too."""
-    again = bool(stop["why"])
+    again = stop["why"]  # a stop asked for before this one
     stop["why"] = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
     if not stop["script"]:  # still importing: nothing is written yet
         name = os.path.basename(sys.argv[0])
