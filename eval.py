@@ -426,5 +426,5 @@ if __name__ == "__main__":
     except RunStopped as e:  # a write that failed (a full disk): one line; the samples stay
         print(f"eval.py: {e}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: one line; what is sampled stays
-        interrupts.end_eval(e)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: one line; what is sampled stays
+        interrupts.end_eval()

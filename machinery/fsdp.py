@@ -45,13 +45,14 @@ def shard(policy: torch.nn.Module, model, d: Dist, gather_bf16: bool):
     full_weights = model.state_dict() if d.master_process else {}
     # bf16 runs gather bf16 weights (half the bytes; autocast casts them anyway) and reduce
     # gradients in fp32, as verl; the batch's floats are the loss's
-    bf16_gathers = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
-                                        cast_forward_inputs=False)
-    mp_policy = bf16_gathers if gather_bf16 else MixedPrecisionPolicy()
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp_policy)
-    # the root unit gathers the embeddings, final norm and LM head
-    fully_shard(policy, mp_policy=mp_policy)
+    mp_policy = MixedPrecisionPolicy()
+    if gather_bf16:
+        mp_policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                         cast_forward_inputs=False)
+    # a unit per decoder layer, then the root unit (the policy): it gathers the embeddings, final
+    # norm and LM head
+    for unit in [*model.model.layers, policy]:
+        fully_shard(unit, mp_policy=mp_policy)
     # rank 0's full weights into every rank's shards; the other ranks built on meta
     if not d.master_process:
         model.to_empty(device=d.device)
@@ -100,8 +101,8 @@ def linear_gflops(dtype: str, model_path: str, tokens: int = 1024) -> float:
         out.float().sum().backward()
     # four timed passes; the first warms the kernels up: not counted
     seconds = timeit.repeat(forward_and_backward, number=1, repeat=4)
-    flops = 3 * 2 * tokens * config.hidden_size * config.intermediate_size
-    return flops / min(seconds[1:]) / 1e9
+    # 2 FLOPs a weight and token forward, twice that backward
+    return 3 * 2 * tokens * config.hidden_size * config.intermediate_size / min(seconds[1:]) / 1e9
 
 
 class DtypeChoice(NamedTuple):

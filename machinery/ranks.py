@@ -12,7 +12,6 @@ import datetime
 import io
 import os
 import pickle
-import sys
 import traceback
 from typing import NamedTuple
 
@@ -20,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from machinery import RunStopped, UserError
+from machinery.interrupts import end_at_once
 
 
 class Dist(NamedTuple):
@@ -33,7 +33,6 @@ class Dist(NamedTuple):
 def setup_distributed(timeout_minutes: int = 180) -> Dist:
     if "RANK" not in os.environ:
         return Dist(False, 0, 1, torch.device("cuda" if torch.cuda.is_available() else "cpu"), True)
-    rank = int(os.environ["RANK"])
     # NCCL's default can be shorter than a rank's generation
     timeout = datetime.timedelta(minutes=timeout_minutes)
     # vLLM reuses this group; with TP = 1 it must exist before the engine (docs/cpu.md)
@@ -46,13 +45,13 @@ def setup_distributed(timeout_minutes: int = 180) -> Dist:
     else:
         device = torch.device("cpu")
         dist.init_process_group("gloo", timeout=timeout)
-    return Dist(True, rank, int(os.environ["WORLD_SIZE"]), device, rank == 0)
+    return Dist(True, dist.get_rank(), dist.get_world_size(), device, dist.get_rank() == 0)
 
 
 def end_rank(error: BaseException):
     """A rank's stop under torchrun, of any kind but Ctrl-C (every rank's; rank 0 says where it
     stopped): bad input (exit 2), a run that cannot go on (exit 1), an unexpected error (its
-    traceback first, exit 1); SIGTERM's is interrupts.end_rank_on_sigterm. One line naming the
+    traceback first, exit 1); SIGTERM's is interrupts.catch_stops. One line naming the
     rank, then the process ends at once, before any teardown: the stop may be this rank's alone (a
     full disk in rank 0's save while the others wait in a barrier), vLLM's shutdown and
     destroy_process_group can wait on ranks stuck in a collective (NCCL's abort: pytorch#132696),
@@ -65,8 +64,8 @@ def end_rank(error: BaseException):
     if not isinstance(error, (UserError, RunStopped)):
         traceback.print_exception(error)
         line = f"failed: {type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-    print(f"rlep.py: rank {os.environ['RANK']} {line}", file=sys.stderr, flush=True)
-    os._exit(2 if isinstance(error, UserError) else 1)
+    end_at_once(f"rlep.py: rank {os.environ['RANK']} {line}",
+                2 if isinstance(error, UserError) else 1)
 
 
 def gather_lists(items: list, d: Dist) -> list:

@@ -292,8 +292,7 @@ mutations = [
     ("bf16 runs reduce gradients in bf16", "machinery/fsdp.py", "reduce_dtype=torch.float32,",
      "reduce_dtype=torch.bfloat16,", [bf16_update]),
     ("bf16 runs gather fp32 weights", "machinery/fsdp.py",
-     "mp_policy = bf16_gathers if gather_bf16 else MixedPrecisionPolicy()",
-     "mp_policy = MixedPrecisionPolicy()", [bf16_update]),
+     "    if gather_bf16:\n", "    if False:\n", [bf16_update]),
     ("build_policy never asks for bf16 gathers", "rlep.py", 'gather_bf16=cfg.dtype == "bfloat16")',
      "gather_bf16=False)", [bf16_update]),
     ("the update's log-probs at T 1", "rlep.py",
@@ -365,7 +364,7 @@ mutations = [
      "        dist.broadcast(buffer, src=0)", "        pass",
      ["tests/test_update.py", "tests/test_load.py"]),
     ("FSDP: the decoder layers not units of their own", "machinery/fsdp.py",
-     "        fully_shard(layer, mp_policy=mp_policy)", "        pass",
+     "for unit in [*model.model.layers, policy]:", "for unit in [policy]:",
      ["tests/test_load.py::test_rank_zero_alone_reads_the_weights_and_every_rank_gets_them"]),
     # --dynamic_sampling (a control)
     ("dynamic sampling: replays not counted in a group's variance", "rlep.py",
