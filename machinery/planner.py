@@ -73,8 +73,8 @@ def plan_micro_batches(positions, sizes: dict, world_size: int,
     rows = [(p, i) for p in positions for i in range(len(sizes[p].row_lengths))]
     def cut(held, count):  # -> count micro-batches of held, or more, or fewer rows
         lengths = [sizes[p].row_lengths[i] for p, i in held]
-        micro_batches = split_micro_batches(lengths, count, split.max_rows, split.max_tokens)
-        return [[held[j] for j in micro] for micro in micro_batches]
+        return [[held[j] for j in micro]
+                for micro in split_micro_batches(lengths, count, split.max_rows, split.max_tokens)]
     if split.share_prompts:
         held = [[(p, i) for p, i in rows if sizes[p].rank == r] for r in range(world_size)]
         passes = max(len(cut(rows_r, 0)) for rows_r in held)

@@ -33,8 +33,8 @@ class Completion(NamedTuple):
 def float64_sum(tensor: torch.Tensor, chunk: int = 1 << 24) -> float:
     """Σ in float64, a chunk at a time: sum(dtype=float64) would first cast the whole tensor (4.4
     GB for 7B's embedding)."""
-    parts = tensor.reshape(-1).split(chunk)
-    return float(sum(part.sum(dtype=torch.float64).item() for part in parts))
+    return float(sum(part.sum(dtype=torch.float64).item()
+                     for part in tensor.reshape(-1).split(chunk)))
 
 
 def engine_name(name: str) -> str:
@@ -167,7 +167,7 @@ class Engine:
 
 
 def start(model_path: str, d: Dist, dtype: str, seed: int, max_model_len: int,
-                 gpu_memory_utilization: float) -> Engine:
+          gpu_memory_utilization: float) -> Engine:
     """The rank's engine: in-process, eager and without sleep mode on CPU (docs/cpu.md)."""
     # imported here: the trainer's functions run on machines without vLLM
     from vllm import LLM
