@@ -42,9 +42,9 @@ def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
     for start in reversed(range(len(order))):
         needs[start] = 1 + needs[min(len(order), start + fits[start])]
     micro_batches = []
-    start = 0
+    start, left_tokens = 0, sum(lengths)  # tokens left: the target stays linear in the rows
     for left in range(min(max(count, needs[0]), len(order)), 0, -1):  # runs left
-        target = sum(lengths[start:]) / left
+        target = left_tokens / left
         def miss(stop):  # how far rows start to stop, padded, are from the target
             return abs((stop - start) * max(lengths[start:stop]) - target)
         # its rows fit, and each later run keeps a row
@@ -54,6 +54,7 @@ def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
         while end < limit and (needs[end] >= left or miss(end + 1) <= miss(end)):
             end += 1
         micro_batches.append(order[start:end])
+        left_tokens -= sum(lengths[start:end])
         start = end
     # heaviest first: a lockstep pass waits on its heaviest rank
     micro_batches.sort(key=lambda run: -len(run) * max(row_lengths[i] for i in run))
