@@ -31,33 +31,27 @@ def split_micro_batches(row_lengths: list[int], count: int, max_rows: int,
     pads), or in order within max_rows if max_tokens is 0 (share_prompts keeps a group together);
     each near an equal share of the tokens. Memory, not math: the loss is a token sum."""
     order = list(range(len(row_lengths)))
-    fits = [max_rows] * len(order)  # the most rows a run starting there takes
     if max_tokens:
         # stable: every rank computes the same split
         order.sort(key=lambda i: -row_lengths[i])
-        # sorted: a run's first row is its longest
-        fits = [max(1, max_tokens // row_lengths[i]) for i in order]
     lengths = [row_lengths[i] for i in order]
+    # the most rows a run starting there takes (sorted: a run's first row is its longest)
+    fits = [max(1, max_tokens // length) if max_tokens else max_rows for length in lengths]
     # needs[i]: the fewest runs for rows i, i + 1, ... (each run filled)
     needs = [0] * (len(order) + 1)
     for start in reversed(range(len(order))):
         needs[start] = 1 + needs[min(len(order), start + fits[start])]
-    count = max(count, needs[0])
-    left_tokens = sum(lengths)
     micro_batches = []
-    start = 0
-    for left in range(min(count, len(order)), 0, -1):  # runs left
+    start, left_tokens = 0, sum(lengths)  # tokens left: the target stays linear in the rows
+    for left in range(min(max(count, needs[0]), len(order)), 0, -1):  # runs left
         target = left_tokens / left
+        def miss(stop):  # how far rows start to stop, padded, are from the target
+            return abs((stop - start) * max(lengths[start:stop]) - target)
         # its rows fit, and each later run keeps a row
         limit = min(start + fits[start], len(order) - left + 1)
-        end, longest = start + 1, lengths[start]
-        while end < limit:
-            padded = (end - start) * longest
-            grown = (end + 1 - start) * max(longest, lengths[end])
-            # grow while the later runs cannot hold the rest, then toward the target
-            if needs[end] < left and abs(grown - target) > abs(padded - target):
-                break
-            longest = max(longest, lengths[end])
+        end = start + 1
+        # grow while the later runs cannot hold the rest, then toward the target
+        while end < limit and (needs[end] >= left or miss(end + 1) <= miss(end)):
             end += 1
         micro_batches.append(order[start:end])
         left_tokens -= sum(lengths[start:end])
@@ -80,8 +74,8 @@ def plan_micro_batches(positions, sizes: dict, world_size: int,
     rows = [(p, i) for p in positions for i in range(len(sizes[p].row_lengths))]
     def cut(held, count):  # -> count micro-batches of held, or more, or fewer rows
         lengths = [sizes[p].row_lengths[i] for p, i in held]
-        micro_batches = split_micro_batches(lengths, count, split.max_rows, split.max_tokens)
-        return [[held[j] for j in micro] for micro in micro_batches]
+        return [[held[j] for j in micro]
+                for micro in split_micro_batches(lengths, count, split.max_rows, split.max_tokens)]
     if split.share_prompts:
         held = [[(p, i) for p, i in rows if sizes[p].rank == r] for r in range(world_size)]
         passes = max(len(cut(rows_r, 0)) for rows_r in held)
@@ -112,11 +106,9 @@ def deal(my_groups: dict, sizes: dict, runs: list, split: Split, d: Dist,
     runs an idle micro-batch for each missing one, [idle] (the update's sample of one token with
     Â = 0: an exactly zero gradient)."""
     plans = {tuple(run): plan_micro_batches(run, sizes, d.world_size, split) for run in runs}
-    outgoing = [[] for _ in range(d.world_size)]
-    for plan in plans.values():
-        for rank, micro_batches in enumerate(plan):
-            outgoing[rank] += [((p, i), my_groups[p][i]) for micro in micro_batches
-                               for p, i in micro if p in my_groups]
+    # to each rank, the rows of this rank's groups planned there
+    outgoing = [[((p, i), my_groups[p][i]) for plan in plans.values() for micro in plan[rank]
+                 for p, i in micro if p in my_groups] for rank in range(d.world_size)]
     rows = dict(exchange(outgoing, d))
     dealt = {}
     for run, plan in plans.items():

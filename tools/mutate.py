@@ -327,10 +327,10 @@ mutations = [
      [sync + "test_float64_sum_adds_every_chunk"]),
     # the planner, the exchange, the ranks' choice, the resume comparison, the FSDP setup
     ("a micro-batch row past the token budget", "machinery/planner.py",
-     "fits = [max(1, max_tokens // row_lengths[i]) for i in order]",
-     "fits = [max(1, max_tokens // row_lengths[i]) + 1 for i in order]", [planner]),
+     "fits = [max(1, max_tokens // length) if max_tokens",
+     "fits = [max(1, max_tokens // length) + 1 if max_tokens", [planner]),
     ("fewer micro-batches than the rows need", "machinery/planner.py",
-     "count = max(count, needs[0])", "count = count or needs[0]", [planner]),
+     "max(count, needs[0])", "(count or needs[0])", [planner]),
     ("micro-batches not heaviest first", "machinery/planner.py",
      "micro_batches.sort(key=lambda run: -len(run) * max(row_lengths[i] for i in run))", "pass",
      [planner]),
