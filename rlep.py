@@ -668,12 +668,12 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
     num_updates = max(1, round(sum(len(g.row_lengths) for g in sizes.values())
                                / sequences_per_update))
     split = planner.Split(cfg.micro_batch_size, cfg.micro_batch_tokens, cfg.share_prompts)
-    # rows, not groups, dealt to the ranks by tokens (one exchange a step): this rank's
-    # micro-batches of each mini-batch, as many as every other rank's (FSDP2's lockstep)
     # an idle pass's sample (FSDP2's lockstep: a rank short of rows runs one): one token with
     # Â = 0, an exactly zero gradient; its π_θold does not matter: 0, so later epochs collate it
     idle = Sample([pad_id], [pad_id], correct=False, reward=0.0,
                   old_logprobs=torch.zeros(1, device=d.device))
+    # rows, not groups, dealt to the ranks by tokens (one exchange a step): this rank's
+    # micro-batches of each mini-batch, as many as every other rank's (FSDP2's lockstep)
     dealt, rows = planner.deal(my_groups, sizes, plan_mini_batches(len(sizes), num_updates, 0, 0),
                                split, d, idle)
     stats = collections.defaultdict(list)
