@@ -197,10 +197,11 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
         if os.strerror(errno.ENOSPC) not in "".join(traceback.format_exception(e)):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
+        params = sum(p.numel() for p in policy.parameters())
+        free = shutil.disk_usage(part_dir).free
         raise RunStopped(f"{part_dir}: the disk filled during step {step}'s save: a checkpoint "
-                         f"needs about {12 * sum(p.numel() for p in policy.parameters()) / 1e9:.1f}"
-                         f" GB, {shutil.disk_usage(part_dir).free / 1e9:.1f} GB are free; free "
-                         "some, then --resume (the newest whole checkpoint is kept)") from None
+                         f"needs about {12 * params / 1e9:.1f} GB, {free / 1e9:.1f} GB are free; "
+                         "free some, then --resume (the newest whole checkpoint is kept)") from None
     if d.master_process:
         # the same step saved again after a resume
         shutil.rmtree(final, ignore_errors=True)
