@@ -209,32 +209,37 @@ def resume_changes(cfg, saved: dict, at: dict) -> list[dict]:
             for name in compared if name in changed or name in lacking]
 
 
-def recorded_changes(cfg, saved: dict, at: dict, commits: dict, digests: dict) -> list[dict]:
-    """What the run read, as its config.json records it, against what this command reads: a
-    --resume whose hub name now resolves to another commit (a model or data file updated on the
-    hub; `commits`, hub's), or whose data file's rows are not those its run read (the answers
-    edited between a stop and its resume; `digests`, data_digests'), is refused, as a changed
-    flag is; with --override, the records of the new commits and digests for config.json's
-    "overrides"."""
-    records = []
-    for key, now, field in (("hub_commits", commits, "{}"), ("data_digests", digests, "{} rows")):
-        before = saved.get(key, {})
-        # a name config.json lacks (an older run's, a file the run did not read) is no change
-        changed = [name for name, value in now.items() if before.get(name, value) != value]
-        if changed and not cfg.override and key == "hub_commits":
-            shown = ", ".join(f"{name} at {before[name][:12]} (now {now[name][:12]})"
-                              for name in changed)
-            raise UserError(f"--resume: the run in {cfg.out_dir} read {shown} on the hub: "
-                            "restore that commit in huggingface_hub's cache, or add --override "
-                            "to continue with the new one (config.json records the change)")
-        if changed and not cfg.override:
-            raise UserError(f"--resume: --{changed[0]} {getattr(cfg, changed[0])}: its rows are "
-                            f"not those the run in {cfg.out_dir} read (their SHA-256 differs "
-                            "from config.json's): restore the file, or add --override to "
-                            "continue on these rows (config.json records the change)")
-        records += [{"field": field.format(name), "from": before[name], "to": now[name], **at}
-                    for name in changed]
-    return records
+def commit_changes(cfg, saved: dict, at: dict, commits: dict) -> list[dict]:
+    """A --resume whose hub name now resolves to another commit than its run's config.json
+    records (a model or data file updated on the hub) is refused, as a changed flag is; with
+    --override, the records of the new commits for config.json's "overrides"."""
+    before = saved.get("hub_commits", {})
+    # a name config.json lacks (an older run's) is no change
+    changed = [name for name, commit in commits.items() if before.get(name, commit) != commit]
+    if changed and not cfg.override:
+        shown = ", ".join(f"{name} at {before[name][:12]} (now {commits[name][:12]})"
+                          for name in changed)
+        raise UserError(f"--resume: the run in {cfg.out_dir} read {shown} on the hub: restore "
+                        "that commit in huggingface_hub's cache, or add --override to continue "
+                        "with the new one (config.json records the change)")
+    return [{"field": name, "from": before[name], "to": commits[name], **at} for name in changed]
+
+
+def data_changes(cfg, saved: dict, at: dict, digests: dict) -> list[dict]:
+    """A --resume whose data file's rows are not those its run read (the answers edited between a
+    stop and its resume) is refused, as a changed flag is; with --override, the records of the
+    new digests for config.json's "overrides"."""
+    before = saved.get("data_digests", {})
+    # a file config.json lacks (one the run did not read) is no change
+    changed = [flag for flag, digest in digests.items() if before.get(flag, digest) != digest]
+    if changed and not cfg.override:
+        flag = changed[0]
+        raise UserError(f"--resume: --{flag} {getattr(cfg, flag)}: its rows are not those the "
+                        f"run in {cfg.out_dir} read (their SHA-256 differs from config.json's): "
+                        "restore the file, or add --override to continue on these rows "
+                        "(config.json records the change)")
+    return [{"field": f"{flag} rows", "from": before[flag], "to": digests[flag], **at}
+            for flag in changed]
 
 
 def data_digests(inputs: tuple) -> dict:
@@ -544,7 +549,8 @@ def check_start(cfg, model_path: str, world_size: int, inputs: tuple, commits: d
     at = {f"{part}_step": latest_checkpoint(os.path.join(cfg.out_dir, part))[0]
           for part in ("phase1", "phase2")}
     digests = data_digests(inputs)
-    changes = resume_changes(cfg, saved, at) + recorded_changes(cfg, saved, at, commits, digests)
+    changes = (resume_changes(cfg, saved, at) + commit_changes(cfg, saved, at, commits)
+               + data_changes(cfg, saved, at, digests))
     check_checkpoints(cfg)
     check_run_rows(cfg.out_dir)
     tokenizer, config = check_model(model_path, "--model_path",
