@@ -14,11 +14,6 @@ from machinery.files import read_jsonl, write_atomic
 from machinery.hub import local_file
 
 
-# a row's text, at most: a prompt is cut to --max_prompt_len tokens anyway; the tokenizer takes
-# seconds a million characters and aborts the process on 50 MB
-max_text = 1_000_000
-
-
 # the keys a row is read from (a parquet file's other columns are not read)
 row_columns = {"id", "problem", "answer", "prompt", "reward_model", "responses", "data_source"}
 
@@ -31,8 +26,8 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
     DAPO row without candidates is left out, and the rows left out are counted in a line."""
     if path.startswith("builtin:"):
         return builtin_rows(path)
-    # pydantic only where rows are read (machinery/schema.py)
-    from machinery.schema import DapoRow, Row, ValidationError, schema_error
+    # pydantic only where rows are read
+    from machinery.schema import checked_row
     local = local_file(path, cache_dir)
     if not os.path.isfile(local):
         raise UserError(f"{path}: no such data file")
@@ -45,24 +40,7 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
     first_of_id = {}
     for i, raw in file_rows(local, path):
         where = f"{path}: row {i}"
-        if not isinstance(raw, dict):
-            raise UserError(f"{where}: expected a JSON object, got {type(raw).__name__}")
-        # a DAPO row or {"problem", "answer" [, "prompt", "responses", "data_source"]}, checked
-        # by its schema, in our keys
-        try:
-            if "reward_model" in raw:
-                dapo = DapoRow.model_validate(raw)
-                row = Row(id=dapo.id, problem=dapo.prompt[-1].content, prompt=dapo.prompt,
-                          answer=dapo.reward_model.ground_truth, data_source=dapo.data_source,
-                          responses=dapo.reward_model.candidates)
-            else:
-                row = Row.model_validate(raw)
-        except ValidationError as e:
-            raise schema_error(e, where) from None
-        length = len(row.problem) + sum(len(m.content) for m in row.prompt or [])
-        if length > max_text:
-            raise UserError(f"{where}: its problem and prompt hold {length:,} characters, over "
-                            f"{max_text:,} (the tokenizer would abort on tens of millions)")
+        row = checked_row(raw, where)
         if pool and not row.responses:
             if "reward_model" not in raw:
                 raise UserError(f"{where}: no 'responses' (a pool row carries its prompt's "
@@ -87,7 +65,7 @@ def read_rows(path: str, pool: bool = False, cache_dir: str = ".cache/rlep") -> 
               flush=True)
     if not rows:
         pooled = " with pooled responses ('responses' or 'reward_model.candidates')"
-        raise UserError(f"{path}: no rows{pooled * pool}")
+        raise UserError(f"{path}: no rows{pooled if pool else ''}")
     return list(rows.values())
 
 

@@ -1,6 +1,7 @@
-"""A data row's schema, checked by pydantic: what each field must be, and a refusal that names the
-file, the row and the field. Imported only where rows are read (machinery/data.py): a script that
-reads no file (benchmarks/bench_trainer.py on a GPU image without pydantic) never needs it."""
+"""A data row's schema, checked by pydantic (checked_row): what each field must be, how long a
+row's text may be, and a refusal that names the file, the row and the field. Imported only where
+rows are read (machinery/data.py): a script that reads no file (benchmarks/bench_trainer.py on a
+GPU image without pydantic) never needs it."""
 import reprlib
 from typing import Annotated, Literal
 
@@ -79,3 +80,30 @@ def schema_error(error: ValidationError, where: str) -> UserError:
     rule = rules.get(path[-1], "a {role, content} message")
     # the value as reprlib shows it: a long text or list cut short, with "..."
     return UserError(f"{where}: '{name}' must be {rule}, not {reprlib.repr(first['input'])}")
+
+
+# a row's text, at most: a prompt is cut to --max_prompt_len tokens anyway; the tokenizer takes
+# seconds a million characters and aborts the process on 50 MB
+max_text = 1_000_000
+
+
+def checked_row(raw, where: str):
+    """A DAPO row or {"problem", "answer" [, "prompt", "responses", "data_source"]}, checked by
+    its schema and its length, as a Row (our keys)."""
+    if not isinstance(raw, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(raw).__name__}")
+    try:
+        if "reward_model" in raw:
+            dapo = DapoRow.model_validate(raw)
+            row = Row(id=dapo.id, problem=dapo.prompt[-1].content, prompt=dapo.prompt,
+                      answer=dapo.reward_model.ground_truth, data_source=dapo.data_source,
+                      responses=dapo.reward_model.candidates)
+        else:
+            row = Row.model_validate(raw)
+    except ValidationError as e:
+        raise schema_error(e, where) from None
+    length = len(row.problem) + sum(len(m.content) for m in row.prompt or [])
+    if length > max_text:
+        raise UserError(f"{where}: its problem and prompt hold {length:,} characters, over "
+                        f"{max_text:,} (the tokenizer would abort on tens of millions)")
+    return row
