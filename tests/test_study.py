@@ -1,7 +1,8 @@
-"""The replay study's analysis (studies/study_replay.py, docs/study-plan.md) on hand-made numbers:
-t quantiles and p-values (scipy's, and the plans' table), Holm's step-down and its intervals, the
-words of an interval, the mechanism on matched prompts and the compute charges, from
-metrics.jsonl files written here. No model, a few seconds; needs scipy, as the study does.
+"""The replay study's analysis (studies/study_replay.py and its modules in studies/replay/,
+docs/study-plan.md) on hand-made numbers: t quantiles and p-values (scipy's, and the plans'
+table), Holm's step-down and its intervals, the words of an interval, the mechanism on matched
+prompts and the compute charges, from metrics.jsonl files written here. No model, a few seconds;
+needs scipy, as the study does.
 Run: python -m pytest -q tests/test_study.py"""
 import dataclasses
 import glob
@@ -19,47 +20,49 @@ from scipy import stats
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "studies"))
 import study_replay as study  # noqa: E402
+from replay import (archiving, arms, compute, dynamic_report, intervals, mechanism,  # noqa: E402
+                    offpolicy_report, runner)
 
 
 def test_t_quantiles_and_p_values_match_the_95_table_and_known_values():
     # the plans' two-decimal table is the exact quantiles rounded
-    for df, t in study.t95_table.items():
+    for df, t in intervals.t95_table.items():
         assert round(stats.t.ppf(0.975, df), 2) == t
     table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
-    assert study.t95_table == table
+    assert intervals.t95_table == table
     # p-values in closed form: df 1 (Cauchy), [0, 2]: t = 1, P(|T| > 1) = 1/2; df 2, [0, 1, 2]:
     # t = sqrt(3), P(|T| > t) = 1 - t / sqrt(2 + t^2)
-    assert study.paired_test([0.0, 2.0])["p"] == pytest.approx(0.5)
-    assert study.paired_test([0.0, 1.0, 2.0])["p"] == pytest.approx(1 - math.sqrt(3 / 5))
+    assert intervals.paired_test([0.0, 2.0])["p"] == pytest.approx(0.5)
+    assert intervals.paired_test([0.0, 1.0, 2.0])["p"] == pytest.approx(1 - math.sqrt(3 / 5))
     # t(0.995, 7) = 3.4995, t(0.99, 5) = 3.3649 (printed tables): Holm intervals at those levels
-    assert study.level_bounds({"n": 8, "mean": 0.0, "se": 1.0}, 0.01)[1] == \
+    assert intervals.level_bounds({"n": 8, "mean": 0.0, "se": 1.0}, 0.01)[1] == \
         pytest.approx(3.4995, abs=1e-4)
-    assert study.level_bounds({"n": 6, "mean": 1.0, "se": 2.0}, 0.02) == \
+    assert intervals.level_bounds({"n": 6, "mean": 1.0, "se": 2.0}, 0.02) == \
         pytest.approx((1 - 2 * 3.3649, 1 + 2 * 3.3649), abs=2e-4)
     # the p-value at the 95 % quantile is 0.05: differences whose t is t(0.975, 7) = 2.3646
     values = np.array([1.0, 2.0, 0.5, 1.5, 3.0, 0.2, 1.1, 2.2])
     se = np.std(values, ddof=1) / math.sqrt(8)
     shifted = values - values.mean() + 2.364624 * se
-    assert study.paired_test(shifted)["p"] == pytest.approx(0.05, abs=1e-6)
-    test = study.paired_test(values)
+    assert intervals.paired_test(shifted)["p"] == pytest.approx(0.05, abs=1e-6)
+    test = intervals.paired_test(values)
     assert test["p"] < 0.05 and test["se"] == pytest.approx(se)
 
 
 def test_the_raw_interval_beyond_the_table_takes_the_exact_quantile():
     # 12 seeds, df 11: t(0.975, 11) = 2.2010 (printed tables), not the normal's 2.0
     values = [0.01 * i for i in range(12)]
-    mean, low, high = study.t95_bounds(values)
+    mean, low, high = intervals.t95_bounds(values)
     se = np.std(values, ddof=1) / math.sqrt(12)
     assert (high - mean) / se == pytest.approx(2.2010, abs=1e-4)
     # within the table: its two-decimal value, as the plan states (df 7: 2.36)
-    mean, low, high = study.t95_bounds(values[:8])
+    mean, low, high = intervals.t95_bounds(values[:8])
     assert (high - mean) / (np.std(values[:8], ddof=1) / math.sqrt(8)) == pytest.approx(2.36)
 
 
 def test_holm_against_a_hand_example():
     # sorted: 0.005 (x4 = 0.02, <= 0.0125: rejected), 0.01 (x3 = 0.03, <= 0.0167: rejected),
     # 0.03 (x2 = 0.06, > 0.025: stops here), 0.04 (x1, running max 0.06: kept at 0.025)
-    out = study.holm([0.01, 0.04, 0.03, 0.005])
+    out = intervals.holm([0.01, 0.04, 0.03, 0.005])
     assert [o["rejected"] for o in out] == [True, False, False, True]
     assert [o["p_holm"] for o in out] == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert [o["level"] for o in out] == pytest.approx([0.05 / 3, 0.025, 0.025, 0.0125])
@@ -73,10 +76,10 @@ def test_a_holm_interval_excludes_zero_exactly_where_holm_rejects():
         acc = {arm: rng.normal(0.2, 0.02, (8, 4)) for arm in ("A1", "A2", "A3", "A4", "A5")}
         acc["A3"] += rng.uniform(0, 0.05)
         acc["A4"] += rng.uniform(0, 0.05)
-        rows = study.contrasts_table(acc, study.family)
+        rows = intervals.contrasts_table(acc, arms.family)
         assert len(rows) == 8
         for r in rows:
-            assert study.excludes_zero(*r["holm"]) == r["rejected"]
+            assert intervals.excludes_zero(*r["holm"]) == r["rejected"]
             # the Holm interval is never narrower than the raw 95 % one
             assert r["holm"][0] <= r["raw"][0] + 0.02 and r["holm"][1] >= r["raw"][1] - 0.02
             assert r["word"].startswith("a difference") == r["rejected"]
@@ -86,24 +89,24 @@ def test_contrasts_by_hand():
     # 3 seeds, points at steps 0, 2, 4: peak = best after step 0, final = the last point
     acc = {"A3": np.array([[0.1, 0.30, 0.25], [0.1, 0.20, 0.28], [0.1, 0.22, 0.24]]),
            "A1": np.array([[0.1, 0.20, 0.21], [0.1, 0.18, 0.20], [0.1, 0.19, 0.22]])}
-    peak, final = study.contrasts_table(acc, [("A3", "A1")])
+    peak, final = intervals.contrasts_table(acc, [("A3", "A1")])
     assert peak["values"] == pytest.approx([9.0, 8.0, 2.0])  # 30-21, 28-20, 24-22
     assert final["values"] == pytest.approx([4.0, 8.0, 2.0])
     mean, sd = np.mean([9, 8, 2]), np.std([9, 8, 2], ddof=1)
     assert peak["raw"][1] == pytest.approx(mean + 4.30 * sd / math.sqrt(3))
-    assert study.interval(np.array([9, 8, 2]) / 100) == \
+    assert intervals.interval(np.array([9, 8, 2]) / 100) == \
         f"{mean:+.1f} [{mean - 4.30 * sd / 3 ** 0.5:+.1f}, {mean + 4.30 * sd / 3 ** 0.5:+.1f}]"
 
 
 def test_interval_words():
-    assert study.word(0.5, 3.0, 2.0) == "a difference (+)"
-    assert study.word(-3.0, -0.1, 2.0) == "a difference (-)"
-    assert study.word(-1.5, 1.8, 2.0) == "a null (inside ±2.0)"
-    assert study.word(-2.0, 2.0, 2.0) == "a null (inside ±2.0)"
-    assert study.word(-2.5, 1.0, 2.0) == "uninformative"
-    assert study.word(-0.5, 4.0, 2.0, raw=(0.3, 3.0)) == \
+    assert intervals.word(0.5, 3.0, 2.0) == "a difference (+)"
+    assert intervals.word(-3.0, -0.1, 2.0) == "a difference (-)"
+    assert intervals.word(-1.5, 1.8, 2.0) == "a null (inside ±2.0)"
+    assert intervals.word(-2.0, 2.0, 2.0) == "a null (inside ±2.0)"
+    assert intervals.word(-2.5, 1.0, 2.0) == "uninformative"
+    assert intervals.word(-0.5, 4.0, 2.0, raw=(0.3, 3.0)) == \
         "uninformative (raw interval excludes 0; not after Holm)"
-    assert study.word(float("nan"), float("nan"), 2.0) == "no interval"
+    assert intervals.word(float("nan"), float("nan"), 2.0) == "no interval"
 
 
 def visit(prompt, fresh_correct, replays=0):
@@ -149,19 +152,19 @@ a3_seed2 = {1: [visit("p1", 0, 2), visit("p2", 0, 2)], 2: [visit("p1", 1, 2)],
 def test_matched_next_visits_by_hand():
     rows = {name: [{"step": s, "visits": v} for s, v in visits.items()]
             for name, visits in (("a2", a2_seed1), ("a3", a3_seed1))}
-    found = study.matched_next_visits(rows["a3"], rows["a2"], 8)
+    found = mechanism.matched_next_visits(rows["a3"], rows["a2"], 8)
     assert found["matched"] == 3 and found["rescued"] == 3 and found["unmatched"] == 0
     assert found["differences"] == pytest.approx([0.375, 0.125])
     assert found["a"] == pytest.approx([5 / 8, 1 / 8]) and found["b"] == pytest.approx([2 / 8, 0])
     # visit orders that differ are counted, not paired
     shifted = {**a2_seed1, 3: [visit("p2", 1)], 4: [visit("p1", 2), visit("p3", 8),
                                                      visit("p5", 0), visit("p4", 0)]}
-    found = study.matched_next_visits(rows["a3"],
-                                      [{"step": s, "visits": v} for s, v in shifted.items()], 8)
+    found = mechanism.matched_next_visits(
+        rows["a3"], [{"step": s, "visits": v} for s, v in shifted.items()], 8)
     assert found["unmatched"] == 2 and found["differences"] == []
     # the comparator: in A3 seed 1, rescued visits (1, p1), (1, p3), (2, p4), (2, p5) have next
     # visits 5/8, 6/8, 1/8, 0/8; the pooled visit (1, p2), not rescued, has 4/8
-    comparator = study.rescue_comparator(rows["a3"], 8)
+    comparator = mechanism.rescue_comparator(rows["a3"], 8)
     assert sorted(comparator["rescued"]) == pytest.approx(sorted([5 / 8, 6 / 8, 1 / 8, 0.0]))
     assert comparator["not rescued"] == pytest.approx([4 / 8])
 
@@ -187,12 +190,12 @@ def test_the_report_on_synthetic_runs(tmp_path):
     for seed, (a2, a3) in {1: (a2_seed1, a3_seed1), 2: (a2_seed2, a3_seed2)}.items():
         main = os.path.join(out, f"seed{seed}")
         bump = 0.01 * seed
-        for arm, (_, suffix, part) in study.arms.items():
+        for arm, (_, suffix, part) in arms.arms.items():
             visits = {"A2": a2, "A3": a3, "A5": a3}.get(arm, a2)
             acc = {0: 0.1, 2: level[arm] - 0.02, 4: level[arm] + bump}
             write_part(main + suffix, part, visits, acc, kinds)
         write_collection(main, tried=5)
-    results = study.report(out, [1, 2], cfg)
+    results = offpolicy_report.report(out, [1, 2], cfg)
     mech = results["mechanism"]["A3 - A2"]
     assert mech["values"] == pytest.approx([25.0, -12.5]) and mech["mean"] == pytest.approx(6.25)
     assert mech["pairs"] == [2, 1] and mech["matched"] == [3, 1]
@@ -225,16 +228,16 @@ def test_a_run_in_another_regime_is_stale(tmp_path):
     cfg = study.rlep.parse_config(["--preset", "cpu-hard"])
     folder = tmp_path / "seed1"
     folder.mkdir()
-    config = {k: getattr(cfg, k) for k in study.regime_keys}
+    config = {k: getattr(cfg, k) for k in runner.regime_keys}
     (folder / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
-    assert study.stale_reason(str(folder), "bfloat16", cfg) == ""
-    assert study.stale_reason(str(folder), "float32", cfg) == "not in float32"
+    assert runner.stale_reason(str(folder), "bfloat16", cfg) == ""
+    assert runner.stale_reason(str(folder), "float32", cfg) == "not in float32"
     # the on-policy study's runs: one mini-batch of 8 prompts a step
     (folder / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16",
                                                     "mini_batch_prompts": 8}))
-    assert study.stale_reason(str(folder), "bfloat16", cfg) == \
+    assert runner.stale_reason(str(folder), "bfloat16", cfg) == \
         "another regime (mini_batch_prompts)"
-    assert study.stale_reason(str(tmp_path / "none"), "bfloat16", cfg) == ""
+    assert runner.stale_reason(str(tmp_path / "none"), "bfloat16", cfg) == ""
 
 
 # --study dynamic (docs/study-plan-dynamic.md) ---------------------------------------------
@@ -242,25 +245,25 @@ def test_a_run_in_another_regime_is_stale(tmp_path):
 def test_the_dynamic_study_runs_its_arms_in_order():
     settings = ["--preset", "cpu-hard"]
     cfg = study.rlep.parse_config(settings)
-    runs = study.dynamic_runs_of("out", 3, settings, family_seed=True)
+    runs = arms.dynamic_runs_of("out", 3, settings, family_seed=True)
     pool = os.path.join("out", "seed3", "collect", "pool.jsonl")
     assert [folder for folder, _ in runs] == ["out/seed3", "out/seed3-A5", "out/seed3-A7",
                                               "out/seed3-A8"]
     assert runs[2][1] == settings + ["--phase", "1", "--dynamic_sampling"]
     assert runs[3][1] == settings + ["--phase", "2", "--pool", pool, "--dynamic_sampling"]
     # A5 is the off-policy study's A5, flag for flag
-    assert runs[1] == study.runs_of("out", 3, settings, cfg)[3]
-    assert len(study.dynamic_runs_of("out", 9, settings, family_seed=False)) == 2
+    assert runs[1] == arms.runs_of("out", 3, settings, cfg)[3]
+    assert len(arms.dynamic_runs_of("out", 9, settings, family_seed=False)) == 2
 
 
 def test_dynamic_sampling_makes_a_run_stale_where_the_arm_asks_otherwise(tmp_path):
     cfg = study.rlep.parse_config(["--preset", "cpu-hard"])
-    config = {**{k: getattr(cfg, k) for k in study.regime_keys}, "dtype": "bfloat16"}
+    config = {**{k: getattr(cfg, k) for k in runner.regime_keys}, "dtype": "bfloat16"}
     rounds = getattr(cfg, "max_gen_rounds", None)
 
     def reason(saved, dynamic):
         (tmp_path / "config.json").write_text(json.dumps({**config, **saved}))
-        return study.stale_reason(str(tmp_path), "bfloat16", cfg, dynamic)
+        return runner.stale_reason(str(tmp_path), "bfloat16", cfg, dynamic)
     # a run made before the flag had none: it serves an arm without it, not one with it
     assert reason({}, False) == "" and reason({}, None) == ""
     assert reason({}, True).startswith("another regime (dynamic_sampling")
@@ -275,16 +278,16 @@ def test_dynamic_sampling_makes_a_run_stale_where_the_arm_asks_otherwise(tmp_pat
 
 def test_a_stale_main_run_takes_the_runs_on_its_pool_not_a7(tmp_path):
     cfg = study.rlep.parse_config(["--preset", "cpu-hard"])
-    config = {**{k: getattr(cfg, k) for k in study.regime_keys}, "dtype": "bfloat16",
+    config = {**{k: getattr(cfg, k) for k in runner.regime_keys}, "dtype": "bfloat16",
               "max_gen_rounds": getattr(cfg, "max_gen_rounds", None)}
-    runs = study.dynamic_runs_of(str(tmp_path), 1, [], family_seed=True)
+    runs = arms.dynamic_runs_of(str(tmp_path), 1, [], family_seed=True)
     for folder, flags in runs:
         os.makedirs(folder)
         dynamic = "--dynamic_sampling" in flags
         with open(os.path.join(folder, "config.json"), "w") as f:
             json.dump({**config, "dynamic_sampling": dynamic,
                        "dtype": "float32" if folder == runs[0][0] else "bfloat16"}, f)
-    study.set_aside_stale(runs, "bfloat16", cfg, dynamic=True)
+    runner.set_aside_stale(runs, "bfloat16", cfg, dynamic=True)
     assert sorted(os.listdir(tmp_path)) == ["seed1-A5.bfloat16", "seed1-A7",
                                             "seed1-A8.bfloat16", "seed1.float32"]
 
@@ -293,21 +296,23 @@ def test_equal_compute_by_hand():
     # overlapping: a ends at 160, b at 80; x* = 80: a at its second point (x 80), b at its end
     a = (np.array([0, 80, 160]), np.array([0.1, 0.22, 0.27]))
     b = (np.array([0, 40, 80]), np.array([0.1, 0.20, 0.24]))
-    assert study.equal_compute(*a, *b) == {"x": 80, "diff": pytest.approx(22 - 24)}
+    assert compute.equal_compute(*a, *b) == {"x": 80, "diff": pytest.approx(22 - 24)}
     # between points: a's x 0 -> 96 at 0.10 -> 0.21, at x* = 40: 0.1 + 0.11 x 40 / 96
     a = (np.array([0, 96, 192]), np.array([0.1, 0.21, 0.25]))
     b = (np.array([0, 24, 40]), np.array([0.1, 0.18, 0.20]))
-    assert study.equal_compute(*a, *b)["diff"] == pytest.approx(100 * (0.1 + 0.11 * 40 / 96 - 0.2))
-    assert study.equal_compute(*b, *a)["diff"] == pytest.approx(100 * (0.2 - 0.1 - 0.11 * 40 / 96))
+    assert compute.equal_compute(*a, *b)["diff"] == \
+        pytest.approx(100 * (0.1 + 0.11 * 40 / 96 - 0.2))
+    assert compute.equal_compute(*b, *a)["diff"] == \
+        pytest.approx(100 * (0.2 - 0.1 - 0.11 * 40 / 96))
     # apart: a starts (4,480) after b ends (1,150)
     a = (np.array([4480, 4544, 4608]), np.array([0.1, 0.2, 0.3]))
     b = (np.array([0, 600, 1150]), np.array([0.1, 0.15, 0.2]))
-    assert study.equal_compute(*a, *b) is None and study.equal_compute(*b, *a) is None
+    assert compute.equal_compute(*a, *b) is None and compute.equal_compute(*b, *a) is None
     xs = {(1, "A3"): a[0], (1, "A7"): b[0]}
     acc = {(1, "A3"): a[1], (1, "A7"): b[1]}
-    row, = study.equal_compute_table(xs, acc, [("A3", "A7")], [1])
+    row, = compute.equal_compute_table(xs, acc, [("A3", "A7")], [1])
     assert row["apart"] == "A3's curve starts at 4,480 responses, after A7's ends at 1,150"
-    row, = study.equal_compute_table(xs, acc, [("A7", "A3")], [1])
+    row, = compute.equal_compute_table(xs, acc, [("A7", "A3")], [1])
     assert row["apart"].startswith("A3's curve starts at 4,480")
 
 
@@ -319,24 +324,24 @@ def test_compute_charges_with_and_without_gen_responses():
            {**old[2], "gen_responses": 64, "gen_rounds": 3, "gen_prompts": 8,
             "kept_groups": 2, "gen_capped": True}]
     # without: n = 8 a visit: 24 and 16
-    assert study.part_cost(old, 8, 2) == {"responses": 40, "tokens": 24 * 10 + 16 * 5,
-                                          "trained": 24 + 16 + 2 * 2}
-    assert list(study.compute_axis(old, [0, 1, 2], 8, 100)) == [100, 124, 140]
-    assert study.metering(old, 8, 100) == {"responses": 140, "rounds": 2, "prompts": 5,
-                                           "kept": 5, "capped": 0}
+    assert compute.part_cost(old, 8, 2) == {"responses": 40, "tokens": 24 * 10 + 16 * 5,
+                                            "trained": 24 + 16 + 2 * 2}
+    assert list(compute.compute_axis(old, [0, 1, 2], 8, 100)) == [100, 124, 140]
+    assert compute.metering(old, 8, 100) == {"responses": 140, "rounds": 2, "prompts": 5,
+                                             "kept": 5, "capped": 0}
     # with: what was generated, not what was kept; trained is still the kept visits'
-    assert study.part_cost(new, 8, 2) == {"responses": 104, "tokens": 40 * 10 + 64 * 5,
-                                          "trained": 24 + 16 + 2 * 2}
-    assert list(study.compute_axis(new, [0, 2], 8, 0)) == [0, 104]
-    assert study.metering(new, 8, 0) == {"responses": 104, "rounds": 5, "prompts": 13,
-                                         "kept": 5, "capped": 1}
+    assert compute.part_cost(new, 8, 2) == {"responses": 104, "tokens": 40 * 10 + 64 * 5,
+                                            "trained": 24 + 16 + 2 * 2}
+    assert list(compute.compute_axis(new, [0, 2], 8, 0)) == [0, 104]
+    assert compute.metering(new, 8, 0) == {"responses": 104, "rounds": 5, "prompts": 13,
+                                           "kept": 5, "capped": 1}
 
 
 def test_the_dynamic_family_is_holm_over_six():
     rng = np.random.default_rng(1)
-    acc = {arm: rng.normal(0.2, 0.02, (8, 4)) for arm in study.family_arms}
+    acc = {arm: rng.normal(0.2, 0.02, (8, 4)) for arm in arms.family_arms}
     acc["A3"] += 0.03
-    rows = study.contrasts_table(acc, study.dynamic_family)
+    rows = intervals.contrasts_table(acc, arms.dynamic_family)
     assert [(r["contrast"], r["measure"]) for r in rows] == [
         (c, m) for c in ("A3 - A7", "A8 - A3", "A7 - A1") for m in ("peak", "final")]
     # Holm by hand: sorted p, adjusted (6 - i) p_(i), running max, capped at 1
@@ -354,14 +359,14 @@ def test_the_seed1_check():
             for s, v in a3_seed1.items()]
     # a3_seed1: rescued (1, p1), (1, p3), (2, p4), (2, p5), (4, p5): 5; steps 1-3: 4 of the 8
     # visits to pooled prompts
-    assert study.rescues(rows) == (5, 0.5)
-    assert study.seed1_check(38, {"A3": (18, 0.58), "A5": (15, 0.5)}) == \
+    assert mechanism.rescues(rows) == (5, 0.5)
+    assert dynamic_report.seed1_check(38, {"A3": (18, 0.58), "A5": (15, 0.5)}) == \
         "reproduces to the digit"
-    assert study.seed1_check(38, {"A3": (18, 0.5842), "A5": (15, 0.4951)}) == \
+    assert dynamic_report.seed1_check(38, {"A3": (18, 0.5842), "A5": (15, 0.4951)}) == \
         "reproduces to the digit"
-    assert study.seed1_check(38, {"A3": (18, 0.58), "A5": (14, 0.5)}) == \
+    assert dynamic_report.seed1_check(38, {"A3": (18, 0.58), "A5": (14, 0.5)}) == \
         "differs: A5 rescued 14, published 15"
-    assert study.seed1_check(3, {"A3": study.rescues(rows), "A5": (15, 0.47)}) == \
+    assert dynamic_report.seed1_check(3, {"A3": mechanism.rescues(rows), "A5": (15, 0.47)}) == \
         "differs: pool 3 prompts, published 38; A3 rescued 5, published 18; A3's share 50 %, " \
         "published 58 %; A5's share 47 %, published 50 %"
 
@@ -371,17 +376,17 @@ def test_a_runs_start_is_the_logged_one_else_a_files_mtime(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     os.utime(folder / "config.json", (1e9, 1e9))
-    assert study.run_started(str(folder)) == ("2001-09-09T01:46:40Z", "file mtime (last write)")
-    (tmp_path / "seed1.log").write_text("rlep: preset\n" + study.started_mark
-                                        + "2026-12-01T10:00:00Z\n" + study.started_mark
+    assert runner.run_started(str(folder)) == ("2001-09-09T01:46:40Z", "file mtime (last write)")
+    (tmp_path / "seed1.log").write_text("rlep: preset\n" + runner.started_mark
+                                        + "2026-12-01T10:00:00Z\n" + runner.started_mark
                                         + "2026-12-02T10:00:00Z\n")
-    assert study.run_started(str(folder)) == ("2026-12-01T10:00:00Z", "logged")
-    assert study.run_machine(str(folder)) == ""  # a start line from before the machine
-    (tmp_path / "seed1.log").write_text(study.started_mark + "2026-12-01T10:00:00Z on Intel(R) "
+    assert runner.run_started(str(folder)) == ("2026-12-01T10:00:00Z", "logged")
+    assert runner.run_machine(str(folder)) == ""  # a start line from before the machine
+    (tmp_path / "seed1.log").write_text(runner.started_mark + "2026-12-01T10:00:00Z on Intel(R) "
                                         "Xeon(R) CPU @ 2.10GHz (bf16 emulated)\n")
-    assert study.run_started(str(folder)) == ("2026-12-01T10:00:00Z", "logged")
-    assert study.run_machine(str(folder)) == "Intel(R) Xeon(R) CPU @ 2.10GHz (bf16 emulated)"
-    assert study.run_started(str(tmp_path / "none"))[1] == "not started"
+    assert runner.run_started(str(folder)) == ("2026-12-01T10:00:00Z", "logged")
+    assert runner.run_machine(str(folder)) == "Intel(R) Xeon(R) CPU @ 2.10GHz (bf16 emulated)"
+    assert runner.run_started(str(tmp_path / "none"))[1] == "not started"
 
 
 def test_the_machine_is_the_first_cpus_with_its_bf16(tmp_path, monkeypatch):
@@ -391,14 +396,14 @@ def test_the_machine_is_the_first_cpus_with_its_bf16(tmp_path, monkeypatch):
         cpuinfo.write_text("".join(f"processor\t: {i}\nmodel name\t: CPU {i}\nflags\t\t: "
                                    f"{flags if i == 0 else 'fpu amx_bf16'}\n\n"
                                    for i in range(2)))
-        return study.machine(str(cpuinfo))
+        return runner.machine(str(cpuinfo))
     assert machine("fpu avx512f amx_bf16 amx_tile avx512_bf16") == "CPU 0 (bf16 native: amx)"
     assert machine("fpu avx512f avx512_bf16") == "CPU 0 (bf16 native: avx512_bf16)"
     assert machine("fpu avx512f avx2") == "CPU 0 (bf16 emulated)"
-    monkeypatch.setattr(study.platform, "processor", lambda: "")
-    assert study.machine(str(tmp_path / "none")) == "unknown CPU (bf16 emulated)"
-    monkeypatch.setattr(study.platform, "processor", lambda: "x86_64")
-    assert study.machine(str(tmp_path / "none")) == "x86_64 (bf16 emulated)"
+    monkeypatch.setattr(runner.platform, "processor", lambda: "")
+    assert runner.machine(str(tmp_path / "none")) == "unknown CPU (bf16 emulated)"
+    monkeypatch.setattr(runner.platform, "processor", lambda: "x86_64")
+    assert runner.machine(str(tmp_path / "none")) == "x86_64 (bf16 emulated)"
 
 
 def synthetic_dynamic(out):
@@ -420,7 +425,7 @@ def synthetic_dynamic(out):
         main = os.path.join(out, f"seed{seed}")
         a2, a3 = visits[seed]
         for arm, (at2, at4) in arm_levels.items():
-            _, suffix, part = study.dynamic_arms[arm]
+            _, suffix, part = arms.dynamic_arms[arm]
             extra = {}
             if arm == "A7":
                 extra = {s: {"gen_responses": g, "gen_rounds": r, "gen_prompts": p,
@@ -440,13 +445,13 @@ def test_the_dynamic_report_on_synthetic_runs(tmp_path):
     cfg = study.rlep.parse_config(["--preset", "tiny", "--val_k", "4", "--val_every", "2"])
     out = str(tmp_path)
     synthetic_dynamic(out)
-    (tmp_path / "seed1.log").write_text(study.started_mark + "2020-01-05T09:00:00Z on CPU A "
+    (tmp_path / "seed1.log").write_text(runner.started_mark + "2020-01-05T09:00:00Z on CPU A "
                                         "(bf16 native: amx)\n")
-    (tmp_path / "seed1-A5.log").write_text(study.started_mark + "2020-01-06T09:00:00Z on CPU B "
+    (tmp_path / "seed1-A5.log").write_text(runner.started_mark + "2020-01-06T09:00:00Z on CPU B "
                                            "(bf16 emulated)\n")
-    (tmp_path / "seed2-A5.log").write_text(study.started_mark + "2020-01-06T10:00:00Z on CPU B "
+    (tmp_path / "seed2-A5.log").write_text(runner.started_mark + "2020-01-06T10:00:00Z on CPU B "
                                            "(bf16 emulated)\n")
-    results = study.report_dynamic(out, [1, 2, 3], [1, 2, 3], cfg)
+    results = dynamic_report.report_dynamic(out, [1, 2, 3], [1, 2, 3], cfg)
     assert results["family_seeds"] == [1, 2] and results["a3_a5_seeds"] == [1, 2, 3]
     # the family: A3 - A7's final 30 - 27 = 3 and 31 - 25 = 6; A8 - A3's peak 3 and 4
     rows = {(r["contrast"], r["measure"]): r for r in results["contrasts"]}
@@ -492,11 +497,11 @@ def test_the_dynamic_report_on_synthetic_runs(tmp_path):
             "2 (50 %) |", "| 3 | 3 | 2 (50 %) | 2 (50 %) | - |"] == \
         [line for line in open(tmp_path / "table.md").read().splitlines()
          if line.startswith(("| 1 | 3 |", "| 2 | 3 |", "| 3 | 3 |"))]
-    as_cpu_hard = study.report_dynamic(out, [1, 2, 3], [1, 2, 3],
-                                       dataclasses.replace(cfg, preset="cpu-hard"))
+    as_cpu_hard = dynamic_report.report_dynamic(out, [1, 2, 3], [1, 2, 3],
+                                                dataclasses.replace(cfg, preset="cpu-hard"))
     assert as_cpu_hard["seed1"]["check"].startswith("differs: pool 3 prompts, published 38; "
                                                     "A3 rescued 5, published 18")
-    results = study.report_dynamic(out, [1, 2, 3], [1, 2, 3], cfg)
+    results = dynamic_report.report_dynamic(out, [1, 2, 3], [1, 2, 3], cfg)
     assert results["starts"]["A1"] == {"folder": "seed1", "time": "2020-01-05T09:00:00Z",
                                        "from": "logged"}
     assert results["starts"]["A7"]["from"] == "file mtime (last write)"
@@ -528,39 +533,40 @@ def test_a_run_logs_its_start_before_rlep_writes(tmp_path, monkeypatch):
     class Done:
         returncode = 0
     commands = []
-    monkeypatch.setattr(study.subprocess, "run", lambda command, **kw: commands.append(command)
+    monkeypatch.setattr(runner.subprocess, "run", lambda command, **kw: commands.append(command)
                         or Done())
     folder = str(tmp_path / "seed1-A7")
-    study.run(folder, ["--phase", "1", "--dynamic_sampling"], str(tmp_path / "seed1"))
+    runner.run(folder, ["--phase", "1", "--dynamic_sampling"], str(tmp_path / "seed1"))
     first = open(folder + ".log").readline()
-    assert first.startswith(study.started_mark) and commands[0][-2:] == ["1", "--dynamic_sampling"]
-    assert first.endswith(f"Z on {study.machine()}\n") and "(bf16 " in first
-    assert study.run_machine(folder) == study.machine()
-    when, how = study.run_started(folder)
-    assert how == "logged" and abs(study.time.mktime(study.time.strptime(
-        when, "%Y-%m-%dT%H:%M:%SZ")) - study.time.mktime(study.time.gmtime())) < 60
+    assert first.startswith(runner.started_mark) and commands[0][-2:] == ["1", "--dynamic_sampling"]
+    assert first.endswith(f"Z on {runner.machine()}\n") and "(bf16 " in first
+    assert runner.run_machine(folder) == runner.machine()
+    when, how = runner.run_started(folder)
+    assert how == "logged" and abs(runner.time.mktime(runner.time.strptime(
+        when, "%Y-%m-%dT%H:%M:%SZ")) - runner.time.mktime(runner.time.gmtime())) < 60
 
 
 def test_the_plan_came_first_only_where_a_logged_start_says_so():
     plan = "2026-12-03T10:00:00Z"
-    assert study.came_after("2026-12-03T11:00:00Z", "logged", plan) == "yes"
-    assert study.came_after("2026-12-03T09:00:00Z", "logged", plan) == "NO"
+    assert dynamic_report.came_after("2026-12-03T11:00:00Z", "logged", plan) == "yes"
+    assert dynamic_report.came_after("2026-12-03T09:00:00Z", "logged", plan) == "NO"
     # a last write after the commit does not show that the run started after it
-    assert study.came_after("2026-12-03T11:00:00Z", "file mtime (last write)", plan) == \
+    assert dynamic_report.came_after("2026-12-03T11:00:00Z", "file mtime (last write)", plan) == \
         "not shown (a last write)"
-    assert study.came_after("2026-12-03T09:00:00Z", "file mtime (last write)", plan) == "NO"
-    assert study.came_after("2026-12-03T11:00:00Z", "logged", "") == "-"
+    assert dynamic_report.came_after("2026-12-03T09:00:00Z", "file mtime (last write)",
+                                     plan) == "NO"
+    assert dynamic_report.came_after("2026-12-03T11:00:00Z", "logged", "") == "-"
     # the off-policy plan: committed in 2b04552, amended in 7c0a0e0 (docs/studies.md)
-    first, newest = study.plan_times("docs/study-plan.md")
+    first, newest = dynamic_report.plan_times("docs/study-plan.md")
     assert first and newest and first < newest
-    assert study.plan_times("docs/no-such-plan.md") == ("", "")
+    assert dynamic_report.plan_times("docs/no-such-plan.md") == ("", "")
 
 
 def test_a_finished_seeds_checkpoints_go_not_seed_10s(tmp_path):
     for folder in ("seed1", "seed1-A7", "seed10", "seed10-A5"):
         os.makedirs(tmp_path / folder / "phase1" / "step_000002")
         (tmp_path / folder / "phase1" / "metrics.jsonl").write_text("")
-    study.drop_checkpoints(str(tmp_path), 1)
+    runner.drop_checkpoints(str(tmp_path), 1)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.glob("*/phase1/*"))
     assert left == ["seed1-A7/phase1/metrics.jsonl", "seed1/phase1/metrics.jsonl",
                     "seed10-A5/phase1/metrics.jsonl", "seed10-A5/phase1/step_000002",
@@ -568,21 +574,21 @@ def test_a_finished_seeds_checkpoints_go_not_seed_10s(tmp_path):
 
 
 def test_a_finished_runs_checkpoints_go_but_main_phase_one_while_a6_needs_it(tmp_path):
-    runs = study.runs_of(str(tmp_path), 1, [], study.rlep.parse_config(tiny), with_a6=True)
+    runs = arms.runs_of(str(tmp_path), 1, [], study.rlep.parse_config(tiny), with_a6=True)
     main, a6 = runs[0][0], runs[-1][0]
     for folder, part in ((main, "phase1"), (main, "phase2"), (a6, "phase2")):
         os.makedirs(os.path.join(folder, part, "step_000002"))
     os.symlink(os.path.join(main, "phase1"), os.path.join(a6, "phase1"))
-    study.drop_run_checkpoints(main, runs)
+    runner.drop_run_checkpoints(main, runs)
     steps = lambda: sorted(os.path.relpath(p, tmp_path)  # noqa
                            for p in glob.glob(str(tmp_path / "*" / "phase*" / "step_*")))
     # A6 unfinished: it collects from the main run's phase one, whose step stays
     assert steps() == ["seed1-A6/phase1/step_000002", "seed1-A6/phase2/step_000002",
                        "seed1/phase1/step_000002"]
     (tmp_path / "seed1-A6" / "timings.json").write_text("{}")
-    study.drop_run_checkpoints(a6, runs)  # not through its link
+    runner.drop_run_checkpoints(a6, runs)  # not through its link
     assert steps() == ["seed1-A6/phase1/step_000002", "seed1/phase1/step_000002"]
-    study.drop_run_checkpoints(main, runs)
+    runner.drop_run_checkpoints(main, runs)
     assert steps() == []
 
 
@@ -596,10 +602,10 @@ def finish_dynamic(out, dtype="float32"):
     timings.json, a log with two starts (the first on CPU A, seed 2's A7 on CPU B), samples and
     a checkpoint in each part, answer texts in the pool and the progress."""
     cfg = study.rlep.parse_config(tiny + ["--dtype", "float32"])
-    config = {**{k: getattr(cfg, k) for k in study.regime_keys}, "dtype": dtype,
+    config = {**{k: getattr(cfg, k) for k in runner.regime_keys}, "dtype": dtype,
               "max_gen_rounds": getattr(cfg, "max_gen_rounds", None)}
     for seed in (1, 2, 3):
-        for folder, flags in study.dynamic_runs_of(out, seed, [], family_seed=seed < 3):
+        for folder, flags in arms.dynamic_runs_of(out, seed, [], family_seed=seed < 3):
             with open(os.path.join(folder, "config.json"), "w") as f:
                 json.dump({**config, "dynamic_sampling": "--dynamic_sampling" in flags}, f)
             with open(os.path.join(folder, "timings.json"), "w") as f:
@@ -607,8 +613,8 @@ def finish_dynamic(out, dtype="float32"):
             cpu = "CPU B (bf16 native: amx)" if folder.endswith("seed2-A7") else \
                 "CPU A (bf16 emulated)"
             with open(folder + ".log", "w") as f:
-                f.write(f"{study.started_mark}2026-12-0{seed}T10:00:00Z on {cpu}\nrlep: step 1\n"
-                        f"{study.started_mark}2026-12-0{seed}T11:00:00Z on {cpu}\n")
+                f.write(f"{runner.started_mark}2026-12-0{seed}T10:00:00Z on {cpu}\nrlep: step 1\n"
+                        f"{runner.started_mark}2026-12-0{seed}T11:00:00Z on {cpu}\n")
             for part in glob.glob(os.path.join(folder, "phase*")):
                 os.makedirs(os.path.join(part, "step_000004"))
                 with open(os.path.join(part, "step_000004", "model.bin"), "wb") as f:
@@ -637,7 +643,7 @@ def tree(folder):
 
 def archive_all(out, archive):
     for seed in (1, 2, 3):
-        study.archive_runs(out, archive, seed, study.dynamic_runs_of(out, seed, [], seed < 3))
+        archiving.archive_runs(out, archive, seed, arms.dynamic_runs_of(out, seed, [], seed < 3))
 
 
 def archived_study(tmp_path):
@@ -657,7 +663,7 @@ def run_main(monkeypatch, out, archive, *more, dtype="float32", on_run=None):
         calls.append(folder)
         if on_run:
             on_run(folder)
-    monkeypatch.setattr(study, "run", run)
+    monkeypatch.setattr(runner, "run", run)
     monkeypatch.setattr(study.hub, "model_folder", lambda *a, **k: "model")
     monkeypatch.setattr(study.fsdp, "resolve_dtype", lambda *a, **k: types.SimpleNamespace(
         dtype=dtype, why="measured (a test)", gflops={}))
@@ -711,7 +717,7 @@ def test_an_archived_study_holds_the_reports_files_only_and_gives_its_report(tmp
     # one document a run; read back as run folders, the report's files only
     held = tree(archive)
     assert sorted(held) == sorted(f"{name}.json" for name in names)
-    assert study.restore_archived(again, archive, [1, 2, 3]) == names
+    assert archiving.restore_archived(again, archive, [1, 2, 3]) == names
     restored = tree(again)
     assert sorted(restored) == sorted(expected)
     rows = lambda path: [json.loads(line) for line in restored[path].decode().splitlines()]  # noqa
@@ -724,13 +730,13 @@ def test_an_archived_study_holds_the_reports_files_only_and_gives_its_report(tmp
     assert sorted(document(archive, "seed1-A5")["files"]) == [
         "config.json", "phase2/metrics.jsonl", "timings.json"]
     assert restored["seed2-A7.log"] == \
-        f"{study.started_mark}2026-12-02T10:00:00Z on CPU B (bf16 native: amx)\n".encode()
+        f"{runner.started_mark}2026-12-02T10:00:00Z on CPU B (bf16 native: amx)\n".encode()
     assert restored["seed1/phase1/metrics.jsonl"] == \
         open(os.path.join(full, "seed1", "phase1", "metrics.jsonl"), "rb").read()
     assert sum(map(len, held.values())) < 40_000
     # the report from the archive alone, as the run folders give it
-    assert tree(archive) == held and all(study.archived(os.path.join(again, n)) for n in names)
-    reports = [study.report_dynamic(out, [1, 2, 3], [1, 2], cfg) for out in (full, again)]
+    assert tree(archive) == held and all(runner.archived(os.path.join(again, n)) for n in names)
+    reports = [dynamic_report.report_dynamic(out, [1, 2, 3], [1, 2], cfg) for out in (full, again)]
     tables = [open(os.path.join(out, "table.md")).read().split("\n") for out in (full, again)]
     assert tables[0][1:] == tables[1][1:] and "| A7 | seed1-A7 | 2026-12-01T10:00:00Z" \
         in "\n".join(tables[1])
@@ -749,10 +755,10 @@ def test_an_archived_study_holds_the_reports_files_only_and_gives_its_report(tmp
 
 def test_a_finished_run_is_archived_its_pool_whole_while_an_arm_on_it_is_not(tmp_path, capsys):
     full, archive = finished_study(tmp_path / "full"), str(tmp_path / "archive")
-    runs = study.dynamic_runs_of(full, 1, [], True)
+    runs = arms.dynamic_runs_of(full, 1, [], True)
     for arm in ("A7", "A8"):  # not finished yet
         os.rename(os.path.join(full, f"seed1-{arm}", "timings.json"), tmp_path / arm)
-    study.archive_runs(full, archive, 1, runs)
+    archiving.archive_runs(full, archive, 1, runs)
     assert sorted(os.listdir(archive)) == ["seed1-A5.json", "seed1.json"]
     assert "its pool in full for seed1-A5, seed1-A8" in capsys.readouterr().out
     # the pool row for row, answer texts and all, for A8 in a later sitting; the progress not
@@ -764,14 +770,14 @@ def test_a_finished_run_is_archived_its_pool_whole_while_an_arm_on_it_is_not(tmp
     assert mark(os.path.join(archive, "seed1"))["pool"] == "full"
     # A7 finishes: archived on its own; A8, on the pool, is still to come
     os.rename(tmp_path / "A7", os.path.join(full, "seed1-A7", "timings.json"))
-    study.archive_runs(full, archive, 1, runs)
+    archiving.archive_runs(full, archive, 1, runs)
     assert os.path.isfile(os.path.join(archive, "seed1-A7.json"))
     assert mark(os.path.join(archive, "seed1"))["pool"] == "full"
     before = tree(archive)
     # A8 finishes: archived, and the pool reduced; nothing else in the archive changes
     os.rename(tmp_path / "A8", os.path.join(full, "seed1-A8", "timings.json"))
     capsys.readouterr()
-    study.archive_runs(full, archive, 1, runs)
+    archiving.archive_runs(full, archive, 1, runs)
     assert "seed1.json: its pool reduced" in capsys.readouterr().out
     after = tree(archive)
     assert sorted(set(after) - set(before)) == ["seed1-A8.json"]
@@ -781,17 +787,17 @@ def test_a_finished_run_is_archived_its_pool_whole_while_an_arm_on_it_is_not(tmp
     assert now == {**was, "pool": "reduced",
                    "files": {**was["files"], "collect/pool.jsonl": reduced}}
     # as archiving the finished seed at once makes it; and a further call changes nothing
-    study.archive_runs(full, str(tmp_path / "at_once"), 1, runs)
+    archiving.archive_runs(full, str(tmp_path / "at_once"), 1, runs)
     assert tree(tmp_path / "at_once") == after
-    assert study.archive_runs(full, archive, 1, runs) == 0 and tree(archive) == after
+    assert archiving.archive_runs(full, archive, 1, runs) == 0 and tree(archive) == after
 
 
 def test_a_stopped_pool_reduction_is_finished_from_what_the_archive_holds(tmp_path, monkeypatch):
     full, archive = finished_study(tmp_path / "full"), str(tmp_path / "archive")
-    runs = study.dynamic_runs_of(full, 1, [], True)
-    study.archive_runs(full, str(tmp_path / "at_once"), 1, runs)
+    runs = arms.dynamic_runs_of(full, 1, [], True)
+    archiving.archive_runs(full, str(tmp_path / "at_once"), 1, runs)
     os.rename(os.path.join(full, "seed1-A8", "timings.json"), tmp_path / "A8")
-    study.archive_runs(full, archive, 1, runs)
+    archiving.archive_runs(full, archive, 1, runs)
     os.rename(tmp_path / "A8", os.path.join(full, "seed1-A8", "timings.json"))
     replace = os.replace
 
@@ -799,29 +805,29 @@ def test_a_stopped_pool_reduction_is_finished_from_what_the_archive_holds(tmp_pa
         if target == os.path.join(archive, "seed1.json"):
             raise OSError("stopped")
         replace(source, target)
-    monkeypatch.setattr(study.os, "replace", failing)
+    monkeypatch.setattr(archiving.os, "replace", failing)
     with pytest.raises(OSError, match="stopped"):
-        study.archive_runs(full, archive, 1, runs)
+        archiving.archive_runs(full, archive, 1, runs)
     # stopped at the document's one replacement: the pool still full, its mark too
     held = os.path.join(archive, "seed1")
     assert mark(held)["pool"] == "full"
     assert b"responses" in open(held + ".json", "rb").read()
     whole = open(held + ".json", "rb").read()
-    monkeypatch.setattr(study.os, "replace", replace)
+    monkeypatch.setattr(archiving.os, "replace", replace)
     # the next call reduces it: as at once
-    study.archive_runs(full, archive, 1, runs)
+    archiving.archive_runs(full, archive, 1, runs)
     assert tree(archive) == tree(tmp_path / "at_once")
     # the reduced pool comes from the archive's full pool, not from the run folder's
-    study.replace_file(held + ".json", whole)
+    archiving.replace_file(held + ".json", whole)
     with open(os.path.join(full, "seed1", "collect", "pool.jsonl"), "a") as f:
         f.write(json.dumps({"id": "p4", "responses": ["7"]}) + "\n")
-    assert study.reduce_pool(archive, runs[0][0], runs)
+    assert archiving.reduce_pool(archive, runs[0][0], runs)
     assert tree(archive) == tree(tmp_path / "at_once")
     texts_gone = json.loads(whole)
     texts_gone["files"]["collect/pool.jsonl"] = [{"id": "p1", "texts": 2}]
-    study.replace_file(held + ".json", json.dumps(texts_gone).encode())
+    archiving.replace_file(held + ".json", json.dumps(texts_gone).encode())
     with pytest.raises(SystemExit, match="marked full but lacks answer texts"):
-        study.reduce_pool(archive, runs[0][0], runs)
+        archiving.reduce_pool(archive, runs[0][0], runs)
 
 
 def test_the_runner_archives_each_finished_run_at_the_start_and_after_it(tmp_path, monkeypatch):
@@ -839,8 +845,8 @@ def test_the_runner_archives_each_finished_run_at_the_start_and_after_it(tmp_pat
         "seed3-A5"])
     assert [mark(archive / f"seed{s}")["pool"] for s in (1, 2, 3)] == ["full", "reduced",
                                                                        "reduced"]
-    assert study.archive_runs(out, str(archive), 1,
-                              study.dynamic_runs_of(out, 1, [], True)) == 0
+    assert archiving.archive_runs(out, str(archive), 1,
+                              arms.dynamic_runs_of(out, 1, [], True)) == 0
     # checkpoints dropped, A8's too (the seed's end)
     assert not glob.glob(os.path.join(out, "*", "phase*", "step_*"))
 
@@ -867,8 +873,8 @@ def test_a_sitting_restores_the_archived_runs_and_runs_only_the_others(tmp_path,
     assert calls == [str(second / "seed1-A7"), str(second / "seed1-A8")]
     # A8 read the archived main run's pool, its answer texts and all
     assert pools[1] == open(os.path.join(full, "seed1", "collect", "pool.jsonl"), "rb").read()
-    assert study.archived(str(second / "seed1")) and study.archived(str(second / "seed2-A8"))
-    assert not study.archived(str(second / "seed1-A8"))
+    assert runner.archived(str(second / "seed1")) and runner.archived(str(second / "seed2-A8"))
+    assert not runner.archived(str(second / "seed1-A8"))
     assert not glob.glob(str(second / "*" / "phase*" / "step_*"))
     # now archived, seed 1's pool reduced; the runs before unchanged
     after = tree(archive)
@@ -897,7 +903,7 @@ def test_a_restored_seed_is_never_run_nor_archived_again(tmp_path, monkeypatch):
     held = tree(archive)
     for sitting in range(2):  # restored, then read from out as restored copies
         assert run_main(monkeypatch, out, archive) == []
-        assert study.archived(str(out / "seed1-A8")) and (out / "table.md").is_file()
+        assert runner.archived(str(out / "seed1-A8")) and (out / "table.md").is_file()
         assert tree(archive) == held
 
 
@@ -929,7 +935,7 @@ def test_a_stale_archived_run_stops_and_nothing_moves(tmp_path, monkeypatch):
 def test_an_interrupted_archive_write_leaves_no_run(tmp_path, monkeypatch):
     full, archive = finished_study(tmp_path / "full"), str(tmp_path / "archive")
     out = str(tmp_path / "out")
-    runs = study.dynamic_runs_of(full, 1, [], True)
+    runs = arms.dynamic_runs_of(full, 1, [], True)
     replace, rename, targets = os.replace, os.rename, []
 
     def failing(source, target, folder, name, done):
@@ -937,26 +943,26 @@ def test_an_interrupted_archive_write_leaves_no_run(tmp_path, monkeypatch):
         if target == os.path.join(folder, name):
             raise OSError("stopped")
         done(source, target)
-    monkeypatch.setattr(study.os, "replace", lambda source, target: failing(
+    monkeypatch.setattr(archiving.os, "replace", lambda source, target: failing(
         source, target, archive, "seed1.json", replace))
     with pytest.raises(OSError, match="stopped"):
-        study.archive_runs(full, archive, 1, runs)
+        archiving.archive_runs(full, archive, 1, runs)
     # the document is written under a temporary name, then renamed in: stopped, no run there
     assert targets == ["seed1.json"] and os.listdir(archive) == [".seed1.json.tmp"]
-    monkeypatch.setattr(study.os, "replace", replace)
+    monkeypatch.setattr(archiving.os, "replace", replace)
     # a write killed before its rename leaves the temporary: no run, replaced
     with open(os.path.join(archive, ".seed1.json.tmp"), "w") as f:
         f.write("a stopped write's\n")
-    assert study.restore_archived(out, archive, [1]) == []
-    study.archive_runs(full, archive, 1, runs)
-    study.archive_runs(full, str(tmp_path / "clean"), 1, runs)
+    assert archiving.restore_archived(out, archive, [1]) == []
+    archiving.archive_runs(full, archive, 1, runs)
+    archiving.archive_runs(full, str(tmp_path / "clean"), 1, runs)
     assert tree(archive) == tree(tmp_path / "clean")
     # restored into out_dir, a run folder is renamed in after its log: the folder's rename
     # stopped, the log moved back, the temporary folder gone
     targets.clear()
-    monkeypatch.setattr(study.os, "rename", lambda source, target: failing(
+    monkeypatch.setattr(archiving.os, "rename", lambda source, target: failing(
         source, target, out, "seed1", rename))
     with pytest.raises(OSError, match="stopped"):
-        study.restore_archived(out, archive, [1])
+        archiving.restore_archived(out, archive, [1])
     assert targets == ["seed1.log", "seed1", os.path.join(".seed1.tmp", "seed1.log")]
     assert os.listdir(out) == []
