@@ -966,3 +966,40 @@ def test_an_interrupted_archive_write_leaves_no_run(tmp_path, monkeypatch):
         archiving.restore_archived(out, archive, [1])
     assert targets == ["seed1.log", "seed1", os.path.join(".seed1.tmp", "seed1.log")]
     assert os.listdir(out) == []
+
+
+def test_the_committed_archive_s_report_holds_docs_studies_md_s_tables(tmp_path, monkeypatch):
+    """docs/studies.md's report command on the committed archive (docs/runs/study-dynamic, the
+    default with --study dynamic --preset cpu-hard): every table of table.md is in the dynamic
+    section line for line, but the three it words in prose (pools and rescues, the arms' starts,
+    the machines), whose figures it quotes are checked there: the published tables are the
+    code's, reproduced from the committed runs."""
+    seeds = [str(s) for s in range(1, 17)]
+    monkeypatch.setattr(sys, "argv", ["study_replay.py", "--study", "dynamic", "--preset",
+                                      "cpu-hard", "--seeds", *seeds, "--dtype", "float32",
+                                      "--out_dir", str(tmp_path), "--report_only"])
+    study.main()
+    guide = open(os.path.join(study.repo, "docs", "studies.md"), encoding="utf-8").read()
+    section = guide.split("## Replay against dynamic sampling")[1].split("\n## ")[0]
+    tables, table = [], []
+    for line in open(tmp_path / "table.md", encoding="utf-8").read().split("\n") + [""]:
+        if line.startswith("|"):
+            table.append(line)
+        elif table:
+            tables.append(table)
+            table = []
+    in_prose = {"| seed | pool | A3 | A5 | A8 |": "pools",
+                "| arm | first run | started (UTC) | from | after the plan's first commit | "
+                "after its last |": "starts",
+                "| runs | arms | of them | machines (runs) |": "machines"}
+    shown = [t for t in tables if t[0] not in in_prose]
+    assert len(shown) == 8 and sorted(in_prose[t[0]] for t in tables if t[0] in in_prose) == \
+        ["machines", "pools", "starts"]
+    for table in shown:
+        assert "\n".join(table) in section, table[0]
+    pools, starts = (next(t for t in tables if in_prose.get(t[0]) == name)[2:]
+                     for name in ("pools", "starts"))
+    sizes = [int(row.split(" | ")[1]) for row in pools]
+    assert len(sizes) == 16 and f"pools of {min(sizes)}-{max(sizes)} prompts of 64" in section
+    for row in starts:
+        assert row.split(" | ")[2][len("2026-12-03T"):] in section, row
