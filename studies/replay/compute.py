@@ -9,6 +9,7 @@ from machinery.files import read_jsonl
 
 from .intervals import t95_bounds
 
+
 def generated(row: dict, n: int) -> int:
     """A training step's fresh responses from π_θ: its gen_responses; a run made before dynamic
     sampling was metered generated n a visit."""

@@ -8,6 +8,8 @@ from scipy import stats
 # two-sided 95 % quantiles of Student's t by degrees of freedom, to two decimals: the table the
 # plans state for the raw intervals (the committed reports used it); beyond it the exact quantile
 t95_table = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+alpha = 0.05  # family-wise, Holm
+null_band = 2.0  # points: a Holm interval inside [-2, +2] that holds 0 is a null
 
 
 def t95_bounds(values) -> tuple:
@@ -44,9 +46,6 @@ def paired_test(values) -> dict:
     return {"n": n, "mean": mean, "se": se, "p": p}
 
 
-alpha = 0.05  # family-wise, Holm
-
-
 def holm(p_values: list, alpha: float = alpha) -> list[dict]:
     """Holm's step-down over the family, per contrast in the given order: the level of its
     interval, its adjusted p-value, rejected or not (scipy.stats has no Holm, and the level of
@@ -79,9 +78,6 @@ def level_bounds(test: dict, level: float) -> tuple:
 
 def excludes_zero(low: float, high: float) -> bool:
     return low > 0 or high < 0
-
-
-null_band = 2.0  # points: a Holm interval inside [-2, +2] that holds 0 is a null
 
 
 def word(low: float, high: float, band: float, raw: tuple = None) -> str:

@@ -16,6 +16,7 @@ from .runner import curve, run_dtype
 from .tables import (contrast_lines, curve_line, curves_prose, per_kind_finals, pools_lines,
                      provenance, write_report)
 
+
 def report(out: str, seeds: list, cfg, with_a6: bool = False) -> dict:
     names = study_arms(with_a6)
     horizon = cfg.phase2_steps

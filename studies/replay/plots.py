@@ -7,6 +7,7 @@ import numpy as np
 
 from .intervals import null_band
 
+
 def pyplot():
     """matplotlib's pyplot on the Agg backend, or None (said) without matplotlib."""
     try:

@@ -17,11 +17,26 @@ from machinery.files import read_jsonl
 
 from . import repo
 
+# a finished run whose config differs in one of these is set aside and run again
+regime_keys = ("prompts_per_step", "n", "replay_m", "mini_batch_prompts", "epochs",
+               "equal_updates", "clip_low", "clip_high", "clip_c", "lr", "temperature",
+               "phase2_steps", "collect_step", "collect_k", "val_k", "val_every")
+started_mark = "study_replay.py: run started at "  # the first line of a run's log
+archive_mark = "archived.json"  # in every restored run folder: an archived copy, never resumed
+# seconds of each run on the project's machine (bf16, two optimizer steps a training step),
+# until finished runs say better: docs/study-plan.md, "Expected time". -A7 and -A8 (--study
+# dynamic) are guesses, no run has timed them: 1.6 x A2's and 1.6 x A5's, for the further rounds
+# of generation that dynamic sampling draws
+default_seconds = {"cpu-hard": {"": 600, "-A2": 180, "-A4": 190, "-A5": 190, "-A6": 400,
+                                "-A7": 290, "-A8": 305},
+                   "cpu": {"": 290, "-A2": 145, "-A4": 155, "-A5": 145, "-A6": 175,
+                           "-A7": 230, "-A8": 230},
+                   "tiny": {"": 20, "-A2": 15, "-A4": 15, "-A5": 15, "-A6": 15,
+                            "-A7": 25, "-A8": 25}}
+
+
 def finished(folder: str) -> bool:
     return os.path.isfile(os.path.join(folder, "timings.json"))
-
-
-archive_mark = "archived.json"  # in every restored run folder: an archived copy, never resumed
 
 
 def archived(folder: str) -> bool:
@@ -38,12 +53,6 @@ def run_config(folder: str) -> dict:
 def run_dtype(folder: str):
     """The compute dtype a run trained in (its config.json), None before it started."""
     return run_config(folder).get("dtype")
-
-
-# a finished run whose config differs in one of these is set aside and run again
-regime_keys = ("prompts_per_step", "n", "replay_m", "mini_batch_prompts", "epochs",
-               "equal_updates", "clip_low", "clip_high", "clip_c", "lr", "temperature",
-               "phase2_steps", "collect_step", "collect_k", "val_k", "val_every")
 
 
 def stale_reason(folder: str, dtype: str, cfg, dynamic: bool = None) -> str:
@@ -114,9 +123,6 @@ def utc(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
 
 
-started_mark = "study_replay.py: run started at "  # the first line of a run's log
-
-
 def machine(cpuinfo: str = "/proc/cpuinfo") -> str:
     """'CPU (bf16 KIND)' of this machine, for a run's start line: the first model name of
     cpuinfo (else platform.processor(), else 'unknown CPU'), and KIND 'native: amx' or
@@ -163,18 +169,6 @@ def run_started(folder: str) -> tuple:
                                                                           "metrics.jsonl"))]
     times = [os.path.getmtime(p) for p in paths if os.path.isfile(p)]
     return (utc(min(times)), "file mtime (last write)") if times else ("-", "not started")
-
-
-# seconds of each run on the project's machine (bf16, two optimizer steps a training step),
-# until finished runs say better: docs/study-plan.md, "Expected time". -A7 and -A8 (--study
-# dynamic) are guesses, no run has timed them: 1.6 x A2's and 1.6 x A5's, for the further rounds
-# of generation that dynamic sampling draws
-default_seconds = {"cpu-hard": {"": 600, "-A2": 180, "-A4": 190, "-A5": 190, "-A6": 400,
-                                "-A7": 290, "-A8": 305},
-                   "cpu": {"": 290, "-A2": 145, "-A4": 155, "-A5": 145, "-A6": 175,
-                           "-A7": 230, "-A8": 230},
-                   "tiny": {"": 20, "-A2": 15, "-A4": 15, "-A5": 15, "-A6": 15,
-                            "-A7": 25, "-A8": 25}}
 
 
 def expected_seconds(out: str, seed_runs: dict, preset: str) -> float:

@@ -14,6 +14,7 @@ from . import repo
 from .intervals import interval, points
 from .mechanism import rescues
 
+
 def noise(p: float, samples: int) -> float:
     """One point's sampling noise, in points, at accuracy p over `samples` samples."""
     return 100 * math.sqrt(max(p * (1 - p), 0.0) / samples)
