@@ -462,7 +462,8 @@ def check_one_run(out_dir: str):
             raise UserError(f"--out_dir {out_dir}: holds the run in {root}: a run's folder holds "
                             "one run; move it out, or choose another --out_dir")
     parts = [p for p in ("phase1", "collect", "phase2") if os.path.exists(os.path.join(here, p))]
-    # the parts are folders, the lock a file (the parts listed are there; a folder is there)
+    # the parts are folders, the lock a file (only the parts there are listed; a lock not
+    # there is no folder)
     for name in parts + ["rlep.lock"]:
         if os.path.isdir(os.path.join(here, name)) == (name == "rlep.lock"):
             kind = "a folder" if name == "rlep.lock" else "a file"
@@ -648,7 +649,7 @@ def read_saved_config(cfg, path: str) -> dict:
         if name not in saved:
             continue
         # a flag's type, as argparse takes it (a bool's flag has none): JSON's own types (true
-        # is no int), a whole number also a float's
+        # is no int), a float's flag also taking a whole number
         value, kind = saved[name], flag.get("type", bool)
         typed = type(value) in ((int, float) if kind is float else (kind,))
         if not typed or value not in flag.get("choices", [value]):
