@@ -97,8 +97,7 @@ def log_bytes(cfg, num_rows: int) -> int:
     prompt) and samples (8 B a token), the collection's progress.jsonl and pool.jsonl (each
     prompt's K answers at L_max tokens of 4 B: both copies of the right ones, if at most half
     are), 1 MB for config.json, timings.json, curves.png."""
-    steps = sum(cfg.phase1_steps if part == "phase1" else cfg.phase2_steps
-                for part in trained_parts[cfg.phase])
+    steps = sum(getattr(cfg, f"{part}_steps") for part in trained_parts[cfg.phase])
     sample = 8 * (cfg.max_prompt_len + cfg.max_response_len)
     per_step = 2000 + 120 * cfg.prompts_per_step + cfg.log_samples * sample
     pool = 4 * cfg.collect_k * cfg.max_response_len * num_rows

@@ -376,7 +376,7 @@ def check_weights(folder: str, flag: str, config):
                                 ": a config of another model?)")
     for key in shared:
         if shapes[key] != list(expected[key].shape):  # get_shape gives a list
-            raise UserError(f"{flag} {folder}: {key} is {list(shapes[key])} in the weights, "
+            raise UserError(f"{flag} {folder}: {key} is {shapes[key]} in the weights, "
                             f"{list(expected[key].shape)} by its config.json (hidden_size, "
                             "vocab_size, the layers' sizes: a config of another model?)")
 
@@ -462,10 +462,10 @@ def check_one_run(out_dir: str):
             raise UserError(f"--out_dir {out_dir}: holds the run in {root}: a run's folder holds "
                             "one run; move it out, or choose another --out_dir")
     parts = [p for p in ("phase1", "collect", "phase2") if os.path.exists(os.path.join(here, p))]
-    # the parts are folders, the lock a file
+    # the parts are folders, the lock a file (only the parts there are listed; a lock not
+    # there is no folder)
     for name in parts + ["rlep.lock"]:
-        path = os.path.join(here, name)
-        if os.path.exists(path) and os.path.isdir(path) == (name == "rlep.lock"):
+        if os.path.isdir(os.path.join(here, name)) == (name == "rlep.lock"):
             kind = "a folder" if name == "rlep.lock" else "a file"
             raise UserError(f"--out_dir {out_dir}: its {name} is {kind}, which the run writes "
                             "as the other: move it away")
@@ -488,7 +488,7 @@ def check_run_rows(out_dir: str):
         for i, row in enumerate(read_jsonl(path), start=1):
             for key, kind in keys.items():
                 value = row.get(key) if isinstance(row, dict) else None
-                if not isinstance(value, kind) or isinstance(value, bool):
+                if type(value) is not kind:  # JSON's own types: true is no int
                     raise UserError(f"{path}: row {i}: no {key!r} ({kind.__name__}), which "
                                     "rlep.py writes: restore the row, or remove it")
 
@@ -648,10 +648,10 @@ def read_saved_config(cfg, path: str) -> dict:
     for name, flag in dataclass_flags(type(cfg)):
         if name not in saved:
             continue
-        # a flag's type, as argparse takes it (a bool's flag has none)
+        # a flag's type, as argparse takes it (a bool's flag has none): JSON's own types (true
+        # is no int), a float's flag also taking a whole number
         value, kind = saved[name], flag.get("type", bool)
-        typed = isinstance(value, bool) == (kind is bool) and isinstance(
-            value, (int, float) if kind is float else kind)
+        typed = type(value) in ((int, float) if kind is float else (kind,))
         if not typed or value not in flag.get("choices", [value]):
             must = ", ".join(flag["choices"]) if "choices" in flag else f"a {kind.__name__}"
             raise UserError(f'{path}: "{name}" is {value!r}; it must be {must}, as --{name}\'s '
