@@ -78,7 +78,7 @@ def builtin_rows(name: str) -> list[dict]:
     return splits[split]
 
 
-def model_folder(name: str, cache_dir: str, build: bool = True) -> str:
+def model_folder(name: str, cache_dir: str, build: bool) -> str:
     """A built-in model's folder in cache_dir, made there (if `build`) under a lock and a
     temporary name, renamed when complete."""
     builders = {"builtin:tiny": build_tiny_model, "builtin:smollm2": convert_smollm2}

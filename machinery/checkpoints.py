@@ -33,7 +33,8 @@ def step_folders(part_dir: str) -> list[int]:
     `.tmp` folder, which is not one)."""
     # glob finds nothing in a folder not there yet; ASCII digits: \d and str.isdigit take "²",
     # which int() refuses
-    return sorted(int(name[len("step_"):]) for name in glob.glob("step_*", root_dir=part_dir)
+    return sorted(int(name.removeprefix("step_"))
+                  for name in glob.glob("step_*", root_dir=part_dir)
                   if re.fullmatch("step_[0-9]+", name))
 
 
@@ -166,12 +167,12 @@ def save(part_dir: str, step: int, policy, optimizer, tokenizer, cfg, d,
     weights = get_model_state_dict(
         policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     # a tied weight (SmolLM2's head) comes back gathered under both names, in two copies that
-    # save_pretrained would both write: keep the first name, as an unsharded save does
-    seen = set()
-    for name, param in policy.model.named_parameters(remove_duplicate=False):
-        if id(param) in seen:
+    # save_pretrained would both write: keep the first name, as an unsharded save does (the one
+    # named_parameters gives, which lists a shared parameter once)
+    first_names = dict(policy.model.named_parameters())
+    for name, _ in policy.model.named_parameters(remove_duplicate=False):
+        if name not in first_names:
             weights.pop(name, None)
-        seen.add(id(param))
     try:
         if d.master_process:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -48,15 +48,15 @@ def read_jsonl(path: str) -> list:
     return rows
 
 
-def save_config(out_dir: str, config: dict, saved: dict, changes: list[dict],
-                commits: dict = None, digests: dict = None):
+def save_config(out_dir: str, config: dict, saved: dict, changes: list[dict], commits: dict,
+                digests: dict):
     """config.json: the run's Config; "hub_commits", the commit each hub name resolved to;
     "data_digests", each data file's rows' SHA-256 (the saved ones, then this command's
     `digests`: a part's command reads only its files); with "overrides", every --override's
     changes (the saved ones, then this command's `changes`) and the steps they took effect at."""
     os.makedirs(out_dir, exist_ok=True)
     records = {"hub_commits": commits,
-               "data_digests": {**saved.get("data_digests", {}), **(digests or {})},
+               "data_digests": {**saved.get("data_digests", {}), **digests},
                "overrides": saved.get("overrides", []) + changes}
     # each record where there is one
     record = {**config, **{name: value for name, value in records.items() if value}}

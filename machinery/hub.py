@@ -66,7 +66,7 @@ def local_file(path: str, cache_dir: str) -> str:
         return pieces[0]
     # the snapshot's folder name is its commit: another revision joins anew
     joined = os.path.join(cache_dir, "hub", uri.id.replace("/", "--"), commits[path],
-                          name[:-len(".part-*")])
+                          name.removesuffix(".part-*"))
     if not os.path.isfile(joined):
         os.makedirs(os.path.dirname(joined), exist_ok=True)
 

@@ -23,12 +23,13 @@ class Message(BaseModel):
 
 
 def has_user_turn(messages: list) -> list:
+    """A prompt needs a user turn that says something: an empty list has none."""
     if not any(m.role == "user" and m.content.strip() for m in messages):
         raise ValueError("no user turn")
     return messages
 
 
-Prompt = Annotated[list[Message], Field(min_length=1), AfterValidator(has_user_turn)]
+Prompt = Annotated[list[Message], AfterValidator(has_user_turn)]
 
 
 class Row(BaseModel):
