@@ -135,7 +135,7 @@ mutations = [
     ("phase two validates on other draws", "rlep.py",
      "stop_ids, d, step=step + 1)", "stop_ids, d, step=step + 1 + 1000 * replay)"),
     ("phase two's step 0 on other draws", "rlep.py",
-     "stop_ids, d, step=0)", "stop_ids, d, step=int(replay))"),
+     "stop_ids, d, step=0)", 'stop_ids, d, step=int(part == "phase2"))'),
     # the optimiser
     ("warm-up removed", "rlep.py", "return cfg.lr * min(1.0, step / cfg.warmup_steps)",
      "return cfg.lr"),
