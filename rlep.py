@@ -839,8 +839,7 @@ def visit(group: list[Sample]) -> dict:
             "replays": len(replays), "rescued": rescued}
 
 
-def validate_base(engine, tokenizer, val_rows, cfg, stop_ids, d, part: str, base_path: str,
-                  run: RunState):
+def validate_base(engine, tokenizer, val_rows, cfg, stop_ids, d, part, base_path, run):
     """Step 0 of the part's curve: the base model, validated once for both phases (run keeps its
     scores), appended to the part's metrics.jsonl and tracked."""
     if base_path not in run.base_scores:
@@ -881,7 +880,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
                          "--collect_k, or continue with a smaller --prompts_per_step (--override)")
     os.makedirs(part_dir, exist_ok=True)
     if d.master_process:
-        metrics.forget_after(part_dir, start)  # the steps logged after the resumed checkpoint
+        files.forget_after(part_dir, start)  # the steps logged after the resumed checkpoint
     policy, optimizer = build_policy(ckpt or base_path, cfg, d)
     if ckpt:
         checkpoints.load_trainer_state(ckpt, policy, optimizer)
@@ -934,11 +933,10 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
                                  checkpoints.protected_steps(cfg, part), prompt_round)
     engine.sleep()
     # FSDP2's modules sit in reference cycles: free this part's policy and AdamW now, before the
-    # next part builds its own (~10 GiB a GPU for 7B); empty_cache: a no-op where CUDA never
-    # started
+    # next part builds its own (~10 GiB a GPU for 7B)
     del policy, optimizer
     gc.collect()
-    torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # a no-op where CUDA never started
 
 
 # ---------------------------------------------------------------------------

@@ -2,12 +2,11 @@
 step's metrics from all ranks' (step_record), its printed line, and the optional live curves on
 Weights & Biases (--wandb_project; wandb is imported only then)."""
 import collections
-import json
 import os
 
 import torch
 
-from machinery.files import append_jsonl, read_jsonl, write_atomic
+from machinery.files import append_jsonl, write_atomic
 from machinery.ranks import Dist, gather_lists
 
 
@@ -113,15 +112,6 @@ def record_step(cfg, part: str, step: int, steps: int, update: dict, more: dict,
                  [{"step": step, "prompt": tokenizer.decode(s.prompt_ids), "reward": s.reward,
                    "response": tokenizer.decode(s.completion_ids)} for s in fresh])
     log_step(part, step, steps, record)
-
-
-def forget_after(part_dir: str, step: int):
-    """A resumed part's metrics.jsonl and samples.jsonl without the steps logged after `step`, the
-    checkpoint it resumes from (each file written, empty where it held none)."""
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        path = os.path.join(part_dir, name)
-        kept = [json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] <= step]
-        write_atomic(path, "".join(kept))
 
 
 wandb_run = None  # the command's W&B run, on rank 0; None: not tracking
