@@ -416,9 +416,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     right replays give -0.34 and +2.75."""
     groups = rewards.view(-1, group_size)  # (groups, G)
     mean = groups.mean(dim=1, keepdim=True)  # (groups, 1)
-    std = torch.zeros_like(mean)  # (groups, 1)
-    if group_size > 1:
-        std = groups.std(dim=1, keepdim=True)
+    # one answer has no spread: std 0 (torch.std's would be NaN)
+    std = groups.std(dim=1, keepdim=True) if group_size > 1 else 0.0  # (groups, 1)
     return ((groups - mean) / (std + eps)).view(-1)  # (groups * G,)
 
 
@@ -723,9 +722,9 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
             optimizer.zero_grad(set_to_none=True)
             stats["grad_norm"].append(fsdp.full(grad_norm).item())
     # to the host once a step: the means of this rank's micro-batches
-    summary = {key: float(torch.stack(stats.pop(key)).double().mean())
+    summary = {key: float(torch.stack(stats[key]).double().mean())
                for key in ("clip_frac", "dual_clip_frac", "ratio_mean")}
-    summary["ratio_max"] = float(torch.stack(stats.pop("ratio_max")).max())
+    summary["ratio_max"] = float(torch.stack(stats["ratio_max"]).max())
     # not finite if any update's is
     summary["grad_norm"] = float(np.mean(stats["grad_norm"]))
     for key in ("trained_tokens", "trained_response_tokens"):
@@ -852,12 +851,12 @@ def validate_base(engine, tokenizer, val_rows, cfg, stop_ids, d, part, base_path
         metrics.track(part, first)
 
 
-def stop_if_diverged(stats: dict, policy, part_dir: str, step: int, cfg: Config):
+def stop_if_diverged(policy, grad_norm: float, part_dir: str, step: int, lr: float):
     """The one check of divergence: an update whose gradient norm (a NaN gradient made the
     weights NaN) or weights are no longer finite stops the run before the push and any save; the
     newest checkpoint stays the last good one."""
-    if not (math.isfinite(stats["grad_norm"]) and fsdp.weights_finite(policy)):
-        raise RunStopped(checkpoints.divergence_line(part_dir, step, stats["grad_norm"], cfg.lr))
+    if not (math.isfinite(grad_norm) and fsdp.weights_finite(policy)):
+        raise RunStopped(checkpoints.divergence_line(part_dir, step, grad_norm, lr))
 
 
 def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, tokenizer,
@@ -911,7 +910,8 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         with clock("training", times):  # update
             stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update, cfg,
                                         d, pad_id, seed_for(cfg.seed, part, step, "update"))
-        stop_if_diverged(stats, policy, part_dir, step + 1, cfg)  # before the push and any save
+        # before the push and any save
+        stop_if_diverged(policy, stats["grad_norm"], part_dir, step + 1, cfg.lr)
         with clock("push", times):
             engine.push(policy.model)
         scores = {}
@@ -967,10 +967,9 @@ def verified_pool(pool: list[dict], cfg: Config) -> list[dict]:
 
 
 def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer, end_id: int,
-            d: ranks.Dist, run: RunState = None):
+            d: ranks.Dist, run: RunState):
     """RLEP: the pool, from the phase-one checkpoint at `collect_step`; progress.jsonl lets a
-    stopped collection resume."""
-    run = run or RunState()
+    stopped collection resume. run: where the stage a stop prints is set."""
     out = os.path.join(cfg.out_dir, "collect")
     ckpt = checkpoints.checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
     successes = {}  # rank 0's: it writes the pool
