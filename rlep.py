@@ -65,7 +65,6 @@ import contextlib
 import gc
 import hashlib
 import importlib.util
-import json
 import math
 import sys
 import time
@@ -261,16 +260,13 @@ def seed_for(*keys) -> int:
     digest = hashlib.sha256(repr(keys).encode()).digest()
     return int.from_bytes(digest[:4], "little") >> 1
 
-# where the run is, for the line a stop prints: __main__ prints it after main has raised, so it
-# outlives main (each main starts it afresh)
-stage = ["start-up"]
-
-
 class RunState:
-    """What one main keeps across its parts, made by main (a second main in the process starts
-    afresh)."""
+    """What one main keeps across its parts, made by __main__ (or by main when given none; a
+    second main in the process starts afresh)."""
 
     def __init__(self):
+        # where the run is, for the line a stop prints: __main__ prints it after main has raised
+        self.stage = "start-up"
         self.spent = collections.Counter()  # seconds per activity: the time table at the end
         # base model -> its validation at step 0: phase one and phase two share it
         self.base_scores = {}
@@ -420,9 +416,8 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) 
     right replays give -0.34 and +2.75."""
     groups = rewards.view(-1, group_size)  # (groups, G)
     mean = groups.mean(dim=1, keepdim=True)  # (groups, 1)
-    std = torch.zeros_like(mean)  # (groups, 1)
-    if group_size > 1:
-        std = groups.std(dim=1, keepdim=True)
+    # one answer has no spread: std 0 (torch.std's would be NaN)
+    std = groups.std(dim=1, keepdim=True) if group_size > 1 else 0.0  # (groups, 1)
     return ((groups - mean) / (std + eps)).view(-1)  # (groups * G,)
 
 
@@ -727,9 +722,9 @@ def ppo_update(policy, optimizer, my_groups: dict[int, list[Sample]],
             optimizer.zero_grad(set_to_none=True)
             stats["grad_norm"].append(fsdp.full(grad_norm).item())
     # to the host once a step: the means of this rank's micro-batches
-    summary = {key: float(torch.stack(stats.pop(key)).double().mean())
+    summary = {key: float(torch.stack(stats[key]).double().mean())
                for key in ("clip_frac", "dual_clip_frac", "ratio_mean")}
-    summary["ratio_max"] = float(torch.stack(stats.pop("ratio_max")).max())
+    summary["ratio_max"] = float(torch.stack(stats["ratio_max"]).max())
     # not finite if any update's is
     summary["grad_norm"] = float(np.mean(stats["grad_norm"]))
     for key in ("trained_tokens", "trained_response_tokens"):
@@ -843,6 +838,27 @@ def visit(group: list[Sample]) -> dict:
             "replays": len(replays), "rescued": rescued}
 
 
+def validate_base(engine, tokenizer, val_rows, cfg, stop_ids, d, part, base_path, run):
+    """Step 0 of the part's curve: the base model, validated once for both phases (run keeps its
+    scores), appended to the part's metrics.jsonl and tracked."""
+    if base_path not in run.base_scores:
+        with clock("validation", run.spent):
+            run.base_scores[base_path] = validate(engine, tokenizer, val_rows, cfg,
+                                                  stop_ids, d, step=0)
+    first = {"step": 0, **run.base_scores[base_path]}
+    if d.master_process:
+        files.append_jsonl(os.path.join(cfg.out_dir, part, "metrics.jsonl"), [first])
+        metrics.track(part, first)
+
+
+def stop_if_diverged(policy, grad_norm: float, part_dir: str, step: int, lr: float):
+    """The one check of divergence: an update whose gradient norm (a NaN gradient made the
+    weights NaN) or weights are no longer finite stops the run before the push and any save; the
+    newest checkpoint stays the last good one."""
+    if not (math.isfinite(grad_norm) and fsdp.weights_finite(policy)):
+        raise RunStopped(checkpoints.divergence_line(part_dir, step, grad_norm, lr))
+
+
 def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, tokenizer,
           end_id: int, base_path: str, d: ranks.Dist, val_rows: list[dict], replay: bool = False,
           run: RunState = None):
@@ -855,20 +871,15 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
     start, ckpt, prompt_round = ranks.rank0_decides(lambda: checkpoints.resume_point(part_dir), d)
     if start >= steps:
         return
-    stage[0] = f"{part}, before step {start + 1}"
+    run.stage = f"{part}, before step {start + 1}"
     # a collected pool's size is known only now (machinery/preflight.py checked the rest)
     if len(rows) < cfg.prompts_per_step:
         raise RunStopped(f"{part}: the pool holds {len(rows)} prompts, fewer than "
                          f"--prompts_per_step {cfg.prompts_per_step}: collect with a larger "
                          "--collect_k, or continue with a smaller --prompts_per_step (--override)")
     os.makedirs(part_dir, exist_ok=True)
-    metrics_path = os.path.join(part_dir, "metrics.jsonl")
     if d.master_process:
-        # forget the steps logged after the checkpoint we resume from
-        for path in (metrics_path, os.path.join(part_dir, "samples.jsonl")):
-            kept = [json.dumps(r) + "\n" for r in files.read_jsonl(path) if r["step"] <= start]
-            files.write_atomic(path, "".join(kept))
-
+        files.forget_after(part_dir, start)  # the steps logged after the resumed checkpoint
     policy, optimizer = build_policy(ckpt or base_path, cfg, d)
     if ckpt:
         checkpoints.load_trainer_state(ckpt, policy, optimizer)
@@ -876,17 +887,8 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
     pad_id = end_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
     with clock("push", run.spent):
         engine.push(policy.model)
-    # the curve starts at the base model, validated once for both phases
-    if start == 0 and cfg.val_every:
-        if base_path not in run.base_scores:
-            with clock("validation", run.spent):
-                run.base_scores[base_path] = validate(engine, tokenizer, val_rows, cfg,
-                                                      stop_ids, d, step=0)
-        first = {"step": 0, **run.base_scores[base_path]}
-        if d.master_process:
-            files.append_jsonl(metrics_path, [first])  # after an empty file, above
-            metrics.track(part, first)
-
+    if start == 0 and cfg.val_every:  # the curve starts at the base model
+        validate_base(engine, tokenizer, val_rows, cfg, stop_ids, d, part, base_path, run)
     # An update takes mini_batch_prompts x n sequences, as the paper's run.
     # RLEP: groups are n + m long, so a step of 512 x 18 makes round(512 x 18 / (64 x 16)) = 9
     # updates where the baseline makes 8.
@@ -896,7 +898,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
 
     for step in range(start, steps):
         interrupts.stop_if_asked()
-        stage[0] = f"{part} step {step + 1} of {steps}"
+        run.stage = f"{part} step {step + 1} of {steps}"
         lr = learning_rate(step, cfg)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -904,19 +906,12 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         # generate and grade: this rank's groups
         my_groups, meter = make_groups(cfg, part, step, prompt_round, rows, engine,
                                        tokenizer, end_id, d, replay, times)
-        # control: the next step's prompts follow this one's rounds
-        prompt_round += meter["gen_rounds"]
-        # update
-        with clock("training", times):
+        prompt_round += meter["gen_rounds"]  # control: the next step's prompts follow its rounds
+        with clock("training", times):  # update
             stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update, cfg,
                                         d, pad_id, seed_for(cfg.seed, part, step, "update"))
-        # The one check of divergence: an update whose gradient norm (a NaN gradient made the
-        # weights NaN) or weights are no longer finite stops the run before the push and any
-        # save; the newest checkpoint stays the last good one.
-        if not (math.isfinite(stats["grad_norm"]) and fsdp.weights_finite(policy)):
-            raise RunStopped(checkpoints.divergence_line(part_dir, step + 1, stats["grad_norm"],
-                                                         cfg.lr))
-        # push, validate
+        # before the push and any save
+        stop_if_diverged(policy, stats["grad_norm"], part_dir, step + 1, cfg.lr)
         with clock("push", times):
             engine.push(policy.model)
         scores = {}
@@ -941,8 +936,7 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
     # next part builds its own (~10 GiB a GPU for 7B)
     del policy, optimizer
     gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # a no-op where CUDA never started
 
 
 # ---------------------------------------------------------------------------
@@ -973,9 +967,9 @@ def verified_pool(pool: list[dict], cfg: Config) -> list[dict]:
 
 
 def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer, end_id: int,
-            d: ranks.Dist):
+            d: ranks.Dist, run: RunState):
     """RLEP: the pool, from the phase-one checkpoint at `collect_step`; progress.jsonl lets a
-    stopped collection resume."""
+    stopped collection resume. run: where the stage a stop prints is set."""
     out = os.path.join(cfg.out_dir, "collect")
     ckpt = checkpoints.checkpoint_path(os.path.join(cfg.out_dir, "phase1"), cfg.collect_step)
     successes = {}  # rank 0's: it writes the pool
@@ -993,7 +987,7 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
     if pooled:
         return
     os.makedirs(out, exist_ok=True)
-    stage[0] = "the collection"
+    run.stage = "the collection"
     todo = [row for row in rows if row["id"] not in done]
     bar = tqdm(total=len(todo), desc="collection", unit="prompt",
                disable=not (cfg.progress and d.master_process))
@@ -1113,12 +1107,12 @@ def start_up(cfg: Config, d: ranks.Dist):
     return model_path, inputs, dtype
 
 
-def main(argv=None):
-    """Phase one, the collection, phase two (each part resumes on its own), the report."""
+def main(argv=None, run: RunState = None):
+    """Phase one, the collection, phase two (each part resumes on its own), the report. run:
+    where __main__ reads the stage a stop prints."""
     from transformers import AutoTokenizer
     started = time.perf_counter()
-    stage[0] = "start-up"
-    run = RunState()
+    run = run or RunState()
     cfg = parse_config(argv)
     d = ranks.setup_distributed(cfg.timeout_minutes)
     model_path, (train_rows, val_rows, given_pool), dtype = start_up(cfg, d)
@@ -1137,7 +1131,7 @@ def main(argv=None):
                   run=run)
         if cfg.phase in ("all", "collect") and not cfg.pool:
             with clock("collection", run.spent):
-                collect(cfg, train_rows, engine, tokenizer, end_id, d)
+                collect(cfg, train_rows, engine, tokenizer, end_id, d, run)
         if cfg.phase in ("all", "2"):
             phase_two(cfg, given_pool, train_rows, engine, tokenizer, end_id, model_path, d,
                       val_rows, run)  # RLEP
@@ -1165,8 +1159,9 @@ def main(argv=None):
 
 if __name__ == "__main__":
     interrupts.catch_stops("rlep.py")  # main runs: a stop raises there, at a safe point
+    run = RunState()
     try:
-        main()
+        main(run=run)
     except (KeyboardInterrupt, Exception) as e:
         # under torchrun, any stop but Ctrl-C: one line naming the rank, the rank's end at once
         # (torchrun then ends the others, which may wait in a collective for this rank alone)
@@ -1177,7 +1172,7 @@ if __name__ == "__main__":
             print(f"rlep.py: {e}", file=sys.stderr)
             sys.exit(2 if isinstance(e, UserError) else 1)
         # a stop's line and exit; other errors go on, with their traceback
-        interrupts.end_on_stop(e, parse_config(), sys.argv[1:], stage[0])
+        interrupts.end_on_stop(e, parse_config(), sys.argv[1:], run.stage)
     finally:
         # every exit, a refusal's too: a gloo thread left running aborts it
         if dist.is_initialized():

@@ -1,6 +1,7 @@
 """The run folder's files: written so that a crash never leaves one half-written (a temporary
-name, then a rename), JSONL read past a last line cut short by a kill, the run's config.json, and
-the lock by which one process writes a run folder."""
+name, then a rename), JSONL read past a last line cut short by a kill, a resumed part's logs cut
+back to its checkpoint, the run's config.json, and the lock by which one process writes a run
+folder."""
 import contextlib
 import json
 import os
@@ -73,6 +74,15 @@ def append_jsonl(path: str, rows: list):
             os.fsync(f.fileno())
     except OSError as e:
         raise cannot_write(path, e) from None
+
+
+def forget_after(part_dir: str, step: int):
+    """A resumed part's metrics.jsonl and samples.jsonl without the steps logged after `step`, the
+    checkpoint it resumes from (each file written, empty where it held none)."""
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = os.path.join(part_dir, name)
+        kept = [json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] <= step]
+        write_atomic(path, "".join(kept))
 
 
 # the run folder this process holds, {lock file: its FileLock} (hold_run_folder)

@@ -780,15 +780,17 @@ def test_a_stop_names_the_part_it_stopped_in(tmp_path, monkeypatch):
     validated) a stop is in phase two's start, not "in the collection"."""
     cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", str(tmp_path)])
     rows = data.read_rows(cfg.train_file)
-    rlep.stage[0] = "the collection"
+    run = rlep.RunState()
+    run.stage = "the collection"
 
     def stopped(*args):
         raise KeyboardInterrupt("Ctrl-C")
     monkeypatch.setattr(rlep, "build_policy", stopped)
     cpu = ranks.Dist(False, 0, 1, torch.device("cpu"), True)
     with pytest.raises(KeyboardInterrupt):
-        rlep.train(cfg, "phase2", rows, None, None, 0, "base", cpu, [], replay=True)
-    assert rlep.stage[0] == "phase2, before step 1"
+        rlep.train(cfg, "phase2", rows, None, None, 0, "base", cpu, [], replay=True,
+                   run=run)
+    assert run.stage == "phase2, before step 1"
 
 
 def test_a_bom_is_read_and_one_id_names_one_problem(tmp_path):

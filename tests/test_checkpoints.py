@@ -305,7 +305,7 @@ def decide_on_rank(rank, port, folders, out):
     with contextlib.suppress(StopIteration):
         rlep.train(cfg, "phase1", rows, None, None, 0, "base", d, [])
     # rank 1 sees no pool: deciding alone it would go on to collect, and fail
-    rlep.collect(cfg, rows, None, None, 0, d)
+    rlep.collect(cfg, rows, None, None, 0, d, rlep.RunState())
     torch.save({"built": built}, f"{out}.{rank}")
     dist.destroy_process_group()
 
@@ -391,7 +391,7 @@ def collect_on_rank(rank, port, model_path, out_dir, out):
     answers = {tuple(rlep.render_prompt(tokenizer, row, cfg.prompt_template,
                                         cfg.max_prompt_len)): row["answer"] for row in rows}
     rlep.collect(cfg, rows, AnsweringEngine(tokenizer, answers), tokenizer,
-                 tokenizer.eos_token_id, d)
+                 tokenizer.eos_token_id, d, rlep.RunState())
     if rank == 1:
         torch.save({"received": received}, out)
     dist.destroy_process_group()

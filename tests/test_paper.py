@@ -573,7 +573,7 @@ def test_the_collections_chunks_are_b_prompts_or_collect_chunk_sequences_a_rank(
     os.makedirs(checkpoints.checkpoint_path(str(tmp_path / "phase1"), cfg.collect_step))
     engine = StubEngine(tokenizer)
     rlep.collect(cfg, data.read_rows(cfg.train_file)[:6], engine, tokenizer,
-                 tokenizer.eos_token_id, single)
+                 tokenizer.eos_token_id, single, rlep.RunState())
     assert [len(call["prompts"]) for call in engine.calls] == calls
     assert all(call["n"] == cfg.collect_k == 16 for call in engine.calls)
     chunks = {name: rlep.parse_config(["--preset", name]).collect_chunk for name in rlep.presets}
@@ -595,7 +595,7 @@ def test_the_collection_samples_collect_steps_checkpoint_with_its_k_t_and_top_p(
         gold = gold_of(problem)
         return f"{j} so\nAnswer: {gold if j < rank[problem] else gold + 10}"
     engine = StubEngine(tokenizer, reply)
-    rlep.collect(cfg, rows, engine, tokenizer, tokenizer.eos_token_id, single)
+    rlep.collect(cfg, rows, engine, tokenizer, tokenizer.eos_token_id, single, rlep.RunState())
     assert engine.pushes == [checkpoints.checkpoint_path(str(tmp_path / "phase1"), 2)]
     assert engine.calls and sum(len(c["prompts"]) for c in engine.calls) == 6
     for call in engine.calls:

@@ -105,7 +105,8 @@ def collect_until_push(rank, out_dir, model_path):
         seen = there_for_rank_0 if rank == 0 else not there_for_rank_0
         os.path.isdir = lambda path: seen if path == ckpt else real_isdir(path)
         try:
-            rlep.collect(cfg, rows, EngineStandIn(), tokenizer, tokenizer.eos_token_id, d)
+            rlep.collect(cfg, rows, EngineStandIn(), tokenizer, tokenizer.eos_token_id, d,
+                         rlep.RunState())
             outcomes.append("returned")
         except (Reached, RunStopped) as e:
             outcomes.append(f"{type(e).__name__} {e}")

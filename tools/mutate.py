@@ -135,7 +135,7 @@ mutations = [
     ("phase two validates on other draws", "rlep.py",
      "stop_ids, d, step=step + 1)", "stop_ids, d, step=step + 1 + 1000 * replay)"),
     ("phase two's step 0 on other draws", "rlep.py",
-     "stop_ids, d, step=0)", "stop_ids, d, step=int(replay))"),
+     "stop_ids, d, step=0)", 'stop_ids, d, step=int(part == "phase2"))'),
     # the optimiser
     ("warm-up removed", "rlep.py", "return cfg.lr * min(1.0, step / cfg.warmup_steps)",
      "return cfg.lr"),
@@ -149,7 +149,7 @@ mutations = [
     ("grad clip at a fixed 1.0", "rlep.py", "clip_grad_norm_(policy.parameters(), cfg.grad_clip)",
      "clip_grad_norm_(policy.parameters(), 1.0)"),
     ("divergence check removed", "rlep.py",
-     'if not (math.isfinite(stats["grad_norm"]) and fsdp.weights_finite(policy)):', "if False:",
+     'if not (math.isfinite(grad_norm) and fsdp.weights_finite(policy)):', "if False:",
      [bad_input + "test_a_diverged_run_stops_in_one_line_before_any_save"]),
     ("update count ignores replays", "rlep.py",
      "sum(len(g.row_lengths) for g in sizes.values())", "len(sizes) * cfg.n"),
