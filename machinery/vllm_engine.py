@@ -78,7 +78,7 @@ class Engine:
         if self.sleeps:
             self.llm.sleep(level=2)
 
-    def memory_line(self, preset: str = "") -> str:
+    def memory_line(self, preset: str) -> str:
         """The KV cache vLLM sized (its own log line, hidden by default), in tokens and GiB, and
         on a GPU the memory left free while it sleeps, then the preset's estimates of the first
         figures (docs/gpu.md: the first GPU hour)."""
