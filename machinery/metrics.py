@@ -144,9 +144,9 @@ def track(part: str, record: dict):
                    if isinstance(v, (int, float)) and not isinstance(v, bool)})
 
 
-def finish_wandb(table: list = ()):
-    """The comparison table (report.comparison_rows', the header first) as a W&B table, then the
-    end."""
+def finish_wandb(table: list):
+    """The comparison table (report.comparison_rows', the header first; [] without a comparison)
+    as a W&B table, then the end."""
     global wandb_run
     if wandb_run is None:
         return

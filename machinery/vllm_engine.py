@@ -33,8 +33,8 @@ class Completion(NamedTuple):
 def float64_sum(tensor: torch.Tensor, chunk: int = 1 << 24) -> float:
     """Σ in float64, a chunk at a time: sum(dtype=float64) would first cast the whole tensor (4.4
     GB for 7B's embedding)."""
-    return float(sum(part.sum(dtype=torch.float64).item()
-                     for part in tensor.reshape(-1).split(chunk)))
+    # split yields one chunk at least (an empty one for an empty tensor): the sum is a float
+    return sum(part.sum(dtype=torch.float64).item() for part in tensor.reshape(-1).split(chunk))
 
 
 def engine_name(name: str) -> str:
@@ -78,16 +78,17 @@ class Engine:
         if self.sleeps:
             self.llm.sleep(level=2)
 
-    def memory_line(self, preset: str = "") -> str:
+    def memory_line(self, preset: str) -> str:
         """The KV cache vLLM sized (its own log line, hidden by default), in tokens and GiB, and
         on a GPU the memory left free while it sleeps, then the preset's estimates of the first
         figures (docs/gpu.md: the first GPU hour)."""
         cache = self.llm.llm_engine.vllm_config.cache_config
-        text = self.llm.llm_engine.model_config.hf_text_config
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        model = self.llm.llm_engine.model_config
         tokens = cache.num_gpu_blocks * cache.block_size
-        # K and V, per layer and KV head
-        size = tokens * 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim
+        # K and V, per layer and KV head, in vLLM's view of the model (its head size: the config's
+        # head_dim, else hidden size / heads)
+        size = (tokens * 2 * model.get_total_num_hidden_layers() * model.get_total_num_kv_heads()
+                * model.get_head_size())
         line = f"vLLM: KV cache {tokens:,} tokens, {size * self.dtype.itemsize / 2**30:.1f} GiB"
         if torch.cuda.is_available():
             line += f"; asleep, {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB of the GPU free"
