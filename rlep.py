@@ -851,14 +851,6 @@ def validate_base(engine, tokenizer, val_rows, cfg, stop_ids, d, part, base_path
         metrics.track(part, first)
 
 
-def stop_if_diverged(policy, grad_norm: float, part_dir: str, step: int, lr: float):
-    """The one check of divergence: an update whose gradient norm (a NaN gradient made the
-    weights NaN) or weights are no longer finite stops the run before the push and any save; the
-    newest checkpoint stays the last good one."""
-    if not (math.isfinite(grad_norm) and fsdp.weights_finite(policy)):
-        raise RunStopped(checkpoints.divergence_line(part_dir, step, grad_norm, lr))
-
-
 def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, tokenizer,
           end_id: int, base_path: str, d: ranks.Dist, val_rows: list[dict], replay: bool = False,
           run: RunState = None):
@@ -910,8 +902,12 @@ def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, 
         with clock("training", times):  # update
             stats, trained = ppo_update(policy, optimizer, my_groups, sequences_per_update, cfg,
                                         d, pad_id, seed_for(cfg.seed, part, step, "update"))
-        # before the push and any save
-        stop_if_diverged(policy, stats["grad_norm"], part_dir, step + 1, cfg.lr)
+        # The one check of divergence: an update whose gradient norm (a NaN gradient made the
+        # weights NaN) or weights are no longer finite stops the run before the push and any
+        # save; the newest checkpoint stays the last good one.
+        if not (math.isfinite(stats["grad_norm"]) and fsdp.weights_finite(policy)):
+            raise RunStopped(checkpoints.divergence_line(part_dir, step + 1, stats["grad_norm"],
+                                                         cfg.lr))
         with clock("push", times):
             engine.push(policy.model)
         scores = {}

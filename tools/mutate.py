@@ -149,7 +149,7 @@ mutations = [
     ("grad clip at a fixed 1.0", "rlep.py", "clip_grad_norm_(policy.parameters(), cfg.grad_clip)",
      "clip_grad_norm_(policy.parameters(), 1.0)"),
     ("divergence check removed", "rlep.py",
-     'if not (math.isfinite(grad_norm) and fsdp.weights_finite(policy)):', "if False:",
+     'if not (math.isfinite(stats["grad_norm"]) and fsdp.weights_finite(policy)):', "if False:",
      [bad_input + "test_a_diverged_run_stops_in_one_line_before_any_save"]),
     ("update count ignores replays", "rlep.py",
      "sum(len(g.row_lengths) for g in sizes.values())", "len(sizes) * cfg.n"),
