@@ -852,11 +852,10 @@ def validate_base(engine, tokenizer, val_rows, cfg, stop_ids, d, part, base_path
 
 
 def train(cfg: Config, part: str, rows: list[dict], engine: vllm_engine.Engine, tokenizer,
-          end_id: int, base_path: str, d: ranks.Dist, val_rows: list[dict], replay: bool = False,
-          run: RunState = None):
+          end_id: int, base_path: str, d: ranks.Dist, val_rows: list[dict], run: RunState,
+          replay: bool = False):
     """Train from the base model (or the part's last checkpoint); with replay, rows carry pooled
     responses. A step: generate and grade, update, push, validate, log, save."""
-    run = run or RunState()
     part_dir = os.path.join(cfg.out_dir, part)
     steps = cfg.phase2_steps if replay else cfg.phase1_steps
     # the checkpoint's step, and the round of prompts it starts at
@@ -1030,7 +1029,7 @@ def collect(cfg: Config, rows: list[dict], engine: vllm_engine.Engine, tokenizer
 
 def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict],
               engine: vllm_engine.Engine, tokenizer, end_id: int, base_path: str, d: ranks.Dist,
-              val_rows: list[dict], run: RunState = None):
+              val_rows: list[dict], run: RunState):
     # RLEP: the pool's rows, the pool given with --pool, else the collection's (read by rank 0,
     # for all)
     rows = given_pool or ranks.rank0_decides(
@@ -1040,8 +1039,8 @@ def phase_two(cfg: Config, given_pool: list[dict] | None, train_rows: list[dict]
         pooled = {row["id"]: row["responses"] for row in rows}
         rows = [{**row, "responses": pooled.get(row["id"], [])} for row in train_rows]
     # RLEP: from π_θ0 (base_path), not phase one's checkpoint, with replays
-    train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True,
-          run=run)
+    train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, run,
+          replay=True)
 
 
 # ---------------------------------------------------------------------------
@@ -1123,8 +1122,7 @@ def main(argv=None, run: RunState = None):
         if cfg.phase in ("all", "1"):
             # control: --phase1_prompts pool, the baseline on the pool's prompts
             rows = given_pool if cfg.phase1_prompts == "pool" else train_rows
-            train(cfg, "phase1", rows, engine, tokenizer, end_id, model_path, d, val_rows,
-                  run=run)
+            train(cfg, "phase1", rows, engine, tokenizer, end_id, model_path, d, val_rows, run)
         if cfg.phase in ("all", "collect") and not cfg.pool:
             with clock("collection", run.spent):
                 collect(cfg, train_rows, engine, tokenizer, end_id, d, run)

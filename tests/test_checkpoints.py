@@ -230,7 +230,7 @@ def test_phase_one_saves_the_collection_step_between_saves(tiny_engine, tiny_mod
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = data.read_rows(cfg.train_file)
     rlep.train(cfg, "phase1", rows, tiny_engine, tokenizer, tokenizer.eos_token_id, tiny_model,
-               ranks.setup_distributed(), [])
+               ranks.setup_distributed(), [], rlep.RunState())
     part_dir = str(tmp_path / "phase1")
     assert checkpoints.complete_checkpoints(part_dir) == [1, 2]
     collected = checkpoints.checkpoint_path(part_dir, 1)
@@ -303,7 +303,7 @@ def decide_on_rank(rank, port, folders, out):
     rlep.build_policy = build_policy
     rows = data.read_rows(cfg.train_file)
     with contextlib.suppress(StopIteration):
-        rlep.train(cfg, "phase1", rows, None, None, 0, "base", d, [])
+        rlep.train(cfg, "phase1", rows, None, None, 0, "base", d, [], rlep.RunState())
     # rank 1 sees no pool: deciding alone it would go on to collect, and fail
     rlep.collect(cfg, rows, None, None, 0, d, rlep.RunState())
     torch.save({"built": built}, f"{out}.{rank}")
@@ -344,7 +344,7 @@ def test_the_phase_one_policy_is_freed_when_its_part_ends(tiny_engine, tiny_mode
     rows = data.read_rows(cfg.train_file)
     d = ranks.setup_distributed()
     rlep.train(cfg, "phase1", rows, tiny_engine, tokenizer, tokenizer.eos_token_id, tiny_model,
-               d, [])
+               d, [], rlep.RunState())
     assert len(built) == 1
     policy, optimizer = built[0]
     assert policy() is None and optimizer() is None

@@ -233,7 +233,7 @@ def train_phase_one(tiny_model, engine, out, steps):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
     rows = data.read_rows(cfg.train_file)
     rlep.train(cfg, "phase1", rows, engine, tokenizer, tokenizer.eos_token_id, tiny_model,
-               single, [])
+               single, [], rlep.RunState())
     return cfg, read_jsonl(out / "phase1" / "metrics.jsonl")
 
 

@@ -78,7 +78,7 @@ def test_training_through_the_gpu_call_sequence_keeps_the_logprob_gap_at_float32
     val_rows = data.read_rows(cfg.val_file)[:8]
     sleeping.sleep()  # as main() does: the trainer gets the memory first
     rlep.train(cfg, "phase1", rows, sleeping, tokenizer, tokenizer.eos_token_id, tiny_model, d,
-               val_rows)
+               val_rows, rlep.RunState())
     calls = sleeping.llm.calls
     push = ["wake weights", "reload_weights", "wake kv_cache"]
     assert calls[:4] == ["sleep 2"] + push  # the first push wakes the engine

@@ -451,7 +451,7 @@ def run_part(monkeypatch, tmp_path, tiny_model, tokenizer, part, rows, *flags):
     engine = StubEngine(tokenizer)
     val_rows = data.read_rows(cfg.val_file)[:3]
     rlep.train(cfg, part, rows, engine, tokenizer, tokenizer.eos_token_id, tiny_model, single,
-               val_rows, replay=part == "phase2")
+               val_rows, rlep.RunState(), replay=part == "phase2")
     return engine, events, replays
 
 

@@ -135,7 +135,7 @@ def phase_two_until_train(rank, out_dir, model_path):
     rlep.train = lambda cfg, part, rows, *args, **kwargs: trained.append([r["id"] for r in rows])
     cfg = rlep.parse_config(["--preset", "tiny", "--out_dir", out_dir])
     d = ranks.setup_distributed()
-    rlep.phase_two(cfg, None, [], EngineStandIn(), None, 0, model_path, d, [])
+    rlep.phase_two(cfg, None, [], EngineStandIn(), None, 0, model_path, d, [], rlep.RunState())
     return trained
 
 

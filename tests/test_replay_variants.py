@@ -101,7 +101,7 @@ def test_phase_two_on_all_prompts_visits_unpooled_ones_without_replays(tiny_mode
     pool = [{**row, "responses": [f"Answer: {row['answer']}"] * 3} for row in pooled]
     d = ranks.setup_distributed()
     rlep.phase_two(cfg, pool, train_rows, tiny_engine, tokenizer, tokenizer.eos_token_id,
-                   tiny_model, d, [])
+                   tiny_model, d, [], rlep.RunState())
     rows = files.read_jsonl(str(tmp_path / "phase2" / "metrics.jsonl"))
     visits = [v for r in rows for v in r["visits"]]
     assert len(visits) == 3 * cfg.prompts_per_step

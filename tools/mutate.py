@@ -115,9 +115,9 @@ mutations = [
      "rng = np.random.default_rng(seed)  # RLEP",
      'rng = np.random.default_rng(seed_for(cfg.seed, part, row["id"]))  # RLEP'),
     ("phase two from the phase-one checkpoint", "rlep.py",
-     'train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, replay=True,',
-     'train(cfg, "phase2", rows, engine, tokenizer, end_id, checkpoint_path(os.path.join('
-     'cfg.out_dir, "phase1"), cfg.collect_step), d, val_rows, replay=True,'),
+     'train(cfg, "phase2", rows, engine, tokenizer, end_id, base_path, d, val_rows, run,',
+     'train(cfg, "phase2", rows, engine, tokenizer, end_id, checkpoints.checkpoint_path('
+     'os.path.join(cfg.out_dir, "phase1"), cfg.collect_step), d, val_rows, run,'),
     # the collection
     ("collection from phase one's last checkpoint", "rlep.py", "engine.push(path=ckpt)",
      'engine.push(path=checkpoint_path(os.path.join(cfg.out_dir, "phase1"), '
