@@ -78,10 +78,11 @@ def append_jsonl(path: str, rows: list):
 
 def forget_after(part_dir: str, step: int):
     """A resumed part's metrics.jsonl and samples.jsonl without the steps logged after `step`, the
-    checkpoint it resumes from (each file written, empty where it held none)."""
+    checkpoint it resumes from; at step 0 (no checkpoint) without any row, the base model's step
+    0 too, which the part logs again (each file written, empty where it keeps none)."""
     for name in ("metrics.jsonl", "samples.jsonl"):
         path = os.path.join(part_dir, name)
-        kept = [json.dumps(r) + "\n" for r in read_jsonl(path) if r["step"] <= step]
+        kept = [json.dumps(r) + "\n" for r in read_jsonl(path) if step and r["step"] <= step]
         write_atomic(path, "".join(kept))
 
 

@@ -84,6 +84,26 @@ def replay_saves(cfg, out_dir, params):
     return peak
 
 
+def test_a_resumed_part_keeps_the_logs_of_its_checkpoints_steps_and_a_fresh_start_none(tmp_path):
+    """train's start (files.forget_after): from a checkpoint at step 2, the rows of steps 0-2
+    stay; with none (step 0), no row stays, so the base model's step 0, logged again, is there
+    once."""
+    def write_logs():
+        files.write_atomic(str(tmp_path / "metrics.jsonl"),
+                           "".join(f'{{"step": {step}}}\n' for step in range(4)))
+        files.write_atomic(str(tmp_path / "samples.jsonl"),
+                           "".join(f'{{"step": {step}}}\n' for step in range(1, 4)))
+
+    def steps(name):
+        return [row["step"] for row in files.read_jsonl(str(tmp_path / name))]
+    write_logs()
+    files.forget_after(str(tmp_path), 2)
+    assert (steps("metrics.jsonl"), steps("samples.jsonl")) == ([0, 1, 2], [1, 2])
+    write_logs()
+    files.forget_after(str(tmp_path), 0)
+    assert (steps("metrics.jsonl"), steps("samples.jsonl")) == ([], [])
+
+
 @pytest.mark.parametrize("flags, peak", [
     # the paper preset's schedule, shortened: 8 steps a part, a save every 2. Phase one ends
     # with its newest 2 (the collection's among them), phase two writes a third beside its 2
